@@ -1,0 +1,213 @@
+"""ONNX Runtime backend: CPU, CUDA, TensorRT, MIGraphX (AMD) and ROCm execution providers.
+
+Inputs and outputs are bound with IOBinding to host buffers allocated once in `open`, so a run
+allocates no tensors. A dynamic batch axis runs the whole batch in one call; a fixed batch runs
+the buffer in chunks of the model's batch, each chunk bound to its own slice of the buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+import numpy as np
+import onnxruntime as ort
+
+from ..config.model import PROVIDERS, OnnxRuntimeConfig
+from ..errors import BackendError, ModelError
+from ..model.spec import DYNAMIC, ModelSpec, TensorSpec, normalise_shape, parse_metadata
+from .base import Backend
+
+log = logging.getLogger(__name__)
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(uint8)": np.uint8,
+    "tensor(int8)": np.int8,
+    "tensor(int32)": np.int32,
+    "tensor(int64)": np.int64,
+}
+
+DEFAULT_IMGSZ = (640, 640)
+
+GRAPH_OPTIMIZATION = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+
+    def __init__(self, model_path: str, config: OnnxRuntimeConfig | None = None):
+        self.model_path = str(model_path)
+        self.config = config or OnnxRuntimeConfig()
+        if self.config.provider not in PROVIDERS:
+            raise BackendError(f"unknown ONNX Runtime provider {self.config.provider!r}: "
+                               f"choose one of {', '.join(PROVIDERS)}")
+        if self.config.graph_optimization not in GRAPH_OPTIMIZATION:
+            raise BackendError(f"unknown graph_optimization {self.config.graph_optimization!r}: "
+                               f"choose one of {', '.join(GRAPH_OPTIMIZATION)}")
+        self._session: ort.InferenceSession | None = None
+        self._input: np.ndarray | None = None
+        self._outputs: list[np.ndarray] = []
+        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        self._chunk = 1  # frames per native run: the fixed batch, or the whole request if dynamic
+        self._dynamic_batch = False
+        self._spec: ModelSpec | None = None
+        self.active_provider = ""
+
+    # -- loading -------------------------------------------------------------------------------
+    def open(self, max_batch: int = 1, input_hw: tuple[int, int] | None = None) -> ModelSpec:
+        if self._session is not None:
+            return self._spec
+        if max_batch < 1:
+            raise BackendError(f"max_batch must be >= 1, got {max_batch}")
+        self._session = self._create_session()
+        session = self._session
+        meta = parse_metadata(session.get_modelmeta().custom_metadata_map or {})
+        inputs = tuple(self._tensor_spec(i) for i in session.get_inputs())
+        outputs = tuple(self._tensor_spec(o) for o in session.get_outputs())
+        if len(inputs) != 1 or len(inputs[0].shape) != 4:
+            raise ModelError(f"{self.model_path}: expected one 4-D image input, got "
+                             + ", ".join(f"{i.name} {list(i.shape)}" for i in inputs))
+        inp = inputs[0]
+        shape = list(inp.shape)
+        nhwc = shape[3] in (1, 3) and shape[1] not in (1, 3)
+        hw_axes = (1, 2) if nhwc else (2, 3)
+        if DYNAMIC in (shape[hw_axes[0]], shape[hw_axes[1]]):
+            h, w = input_hw or meta.imgsz or DEFAULT_IMGSZ
+            shape[hw_axes[0]], shape[hw_axes[1]] = h, w
+        ch_axis = 3 if nhwc else 1
+        if shape[ch_axis] == DYNAMIC:
+            shape[ch_axis] = meta.channels or 3
+        self._dynamic_batch = shape[0] == DYNAMIC
+        self._chunk = max_batch if self._dynamic_batch else shape[0]
+        capacity = -(-max_batch // self._chunk) * self._chunk
+        shape[0] = capacity
+        self._input = np.zeros(shape, inp.dtype)
+        inp = TensorSpec(inp.name, tuple(shape), inp.dtype)
+        self._spec = ModelSpec(self.model_path, (inp,), outputs, meta)
+        if self.config.io_binding and all(DYNAMIC not in o.per_item_shape() for o in outputs):
+            self._outputs = [np.zeros((capacity, *o.per_item_shape()), o.dtype) for o in outputs]
+        log.info("loaded %s on %s: input %s %s, outputs %s", self.model_path, self.active_provider,
+                 inp.name, list(inp.shape), ", ".join(f"{o.name} {list(o.shape)}" for o in outputs))
+        return self._spec
+
+    def _create_session(self) -> ort.InferenceSession:
+        if not os.path.isfile(self.model_path):
+            raise ModelError(f"model file not found: {self.model_path}")
+        cfg = self.config
+        wanted = PROVIDERS[cfg.provider]
+        providers: list = []
+        if cfg.provider != "cpu":
+            options = {"device_id": str(cfg.device_id)}
+            options.update({k: str(v) for k, v in cfg.provider_options.items()})
+            providers.append((wanted, options))
+        providers.append("CPUExecutionProvider")
+        opts = ort.SessionOptions()
+        if cfg.intra_op_threads:
+            opts.intra_op_num_threads = cfg.intra_op_threads
+        opts.log_severity_level = 3
+        opts.graph_optimization_level = GRAPH_OPTIMIZATION[cfg.graph_optimization]
+        if not cfg.qdq_fusion:
+            opts.add_session_config_entry("session.disable_quant_qdq", "1")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                session = ort.InferenceSession(self.model_path, sess_options=opts, providers=providers)
+        except Exception as exc:  # ORT raises its own Fail/InvalidProtobuf/... types
+            raise ModelError(f"cannot load model {self.model_path}: {_first_line(exc)}") from exc
+        for w in caught:
+            log.debug("onnxruntime: %s", w.message)
+        self.active_provider = session.get_providers()[0]
+        if self.active_provider != wanted:
+            message = (f"ONNX Runtime provider {wanted} ({cfg.provider!r}) is not available "
+                       f"(this build has: {', '.join(ort.get_available_providers())}); "
+                       f"the session would run on {self.active_provider}")
+            if not cfg.allow_fallback:
+                raise BackendError(message + ". Install the matching onnxruntime package, or set "
+                                   "allow_fallback: true to accept the CPU.")
+            log.warning("%s (allow_fallback is set)", message)
+        return session
+
+    @staticmethod
+    def _tensor_spec(node) -> TensorSpec:
+        dtype = _ORT_TYPES.get(node.type)
+        if dtype is None:
+            raise ModelError(f"tensor {node.name} has unsupported type {node.type}")
+        return TensorSpec(node.name, normalise_shape(node.shape), np.dtype(dtype))
+
+    # -- running -------------------------------------------------------------------------------
+    @property
+    def input_buffer(self) -> np.ndarray:
+        if self._input is None:
+            raise BackendError("backend is not open")
+        return self._input
+
+    @property
+    def max_batch(self) -> int:
+        return 0 if self._input is None else self._input.shape[0]
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        if self._dynamic_batch:
+            return tuple(range(1, self.max_batch + 1))
+        return (self._chunk,)
+
+    @property
+    def description(self) -> str:
+        return f"onnxruntime {ort.__version__} {self.active_provider}"
+
+    def run(self, n: int) -> list[np.ndarray]:
+        if self._session is None:
+            raise BackendError("backend is not open")
+        if not 1 <= n <= self.max_batch:
+            raise BackendError(f"batch of {n} outside 1..{self.max_batch}")
+        if not self._outputs:
+            return self._run_unbound(n)
+        if self._dynamic_batch:
+            self._session.run_with_iobinding(self._binding(0, n))
+        else:
+            for start in range(0, n, self._chunk):
+                self._session.run_with_iobinding(self._binding(start, self._chunk))
+        return [o[:n] for o in self._outputs]
+
+    def _binding(self, start: int, count: int) -> ort.IOBinding:
+        """IOBinding of slots [start, start+count) to our buffers, built once per (start, count)."""
+        key = (start, count)
+        binding = self._bindings.get(key)
+        if binding is None:
+            binding = self._session.io_binding()
+            spec = self._spec.input
+            view = self._input[start:start + count]
+            binding.bind_input(spec.name, "cpu", 0, spec.dtype.type, list(view.shape), view.ctypes.data)
+            for o_spec, buf in zip(self._spec.outputs, self._outputs):
+                out = buf[start:start + count]
+                binding.bind_output(o_spec.name, "cpu", 0, o_spec.dtype.type, list(out.shape), out.ctypes.data)
+            self._bindings[key] = binding
+        return binding
+
+    def _run_unbound(self, n: int) -> list[np.ndarray]:
+        name = self._spec.input.name
+        if self._dynamic_batch:
+            return self._session.run(None, {name: self._input[:n]})
+        parts = [self._session.run(None, {name: self._input[s:s + self._chunk]})
+                 for s in range(0, n, self._chunk)]
+        return [np.concatenate([p[i] for p in parts])[:n] for i in range(len(parts[0]))]
+
+    def close(self) -> None:
+        self._bindings.clear()
+        self._session = None
+        self._outputs = []
+        self._input = None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

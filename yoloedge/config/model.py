@@ -1,0 +1,65 @@
+"""Configuration of the detection core: the model and how it is run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+#: `provider` setting -> ONNX Runtime execution provider name.
+PROVIDERS: dict[str, str] = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "migraphx": "MIGraphXExecutionProvider",
+    "rocm": "ROCMExecutionProvider",  # onnxruntime-rocm <= 1.22 only; newer builds use migraphx
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str
+    #: v5 | v8 | e2e | yolox | raw | raw_v8; None recognises the layout from shapes + metadata.
+    format: str | None = None
+    #: a labels file (one per line, or a YAML with `names`), a list, or None (metadata / COCO-80).
+    labels: str | Sequence[str] | None = None
+    conf: float = 0.25
+    iou: float = 0.45
+    max_det: int = 300
+    #: None: the family's upstream default (class-agnostic for YOLOX, class-aware otherwise).
+    agnostic_nms: bool | None = None
+    #: keep only these classes (labels or ids); None keeps all.
+    classes: Sequence[str | int] | None = None
+    #: per-class minimum score, e.g. {"person": 0.5}.
+    class_conf: Mapping[str | int, float] = field(default_factory=dict)
+    #: input size (h, w) for models whose input axes are dynamic.
+    imgsz: tuple[int, int] | None = None
+    #: raw-head anchors in pixels, one list of w,h pairs per head; None: YOLOv5 defaults.
+    anchors: Sequence[Sequence[float]] | None = None
+    #: "host": float NCHW tensors normalised on the host; "aipp": uint8 NHWC (Ascend AIPP normalises).
+    input: str = "host"
+    #: letterbox placement "center" | "topleft"; None: the family's upstream default.
+    letterbox: str | None = None
+    #: channel order the model wants, "rgb" | "bgr"; None: the family's default.
+    color: str | None = None
+    #: divide pixel values by 255; None: the family's default (YOLOX takes 0-255).
+    normalize: bool | None = None
+
+
+@dataclass(frozen=True)
+class OnnxRuntimeConfig:
+    provider: str = "cpu"
+    device_id: int = 0
+    #: extra options handed to the execution provider, e.g. {"trt_fp16_enable": "1"}.
+    provider_options: Mapping[str, object] = field(default_factory=dict)
+    #: threads for one inference (0: ONNX Runtime's default, one per core).
+    intra_op_threads: int = 0
+    #: run on the CPU with a warning when the requested provider is unavailable, instead of failing.
+    allow_fallback: bool = False
+    #: ONNX Runtime graph optimisation: "disable" | "basic" | "extended" | "all".
+    graph_optimization: str = "all"
+    #: fuse QuantizeLinear/DequantizeLinear pairs into int8 kernels. Off by default: unfused QDQ
+    #: models compute exactly what the graph says (and what Ultralytics reports); fused kernels
+    #: are about 2x faster on the CPU but move scores by up to ~0.05.
+    qdq_fusion: bool = False
+    #: bind inputs/outputs to our preallocated buffers (no per-run allocation).
+    io_binding: bool = True

@@ -1,0 +1,94 @@
+"""Class labels: from model metadata, a labels file, a list in config, or COCO-80."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import ModelError
+
+COCO80: tuple[str, ...] = (
+    "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat",
+    "traffic light", "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat", "dog",
+    "horse", "sheep", "cow", "elephant", "bear", "zebra", "giraffe", "backpack", "umbrella",
+    "handbag", "tie", "suitcase", "frisbee", "skis", "snowboard", "sports ball", "kite",
+    "baseball bat", "baseball glove", "skateboard", "surfboard", "tennis racket", "bottle",
+    "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple", "sandwich",
+    "orange", "broccoli", "carrot", "hot dog", "pizza", "donut", "cake", "chair", "couch",
+    "potted plant", "bed", "dining table", "toilet", "tv", "laptop", "mouse", "remote",
+    "keyboard", "cell phone", "microwave", "oven", "toaster", "sink", "refrigerator", "book",
+    "clock", "vase", "scissors", "teddy bear", "hair drier", "toothbrush",
+)
+
+
+def read_labels_file(path: str | Path) -> list[str]:
+    """One label per line (blank lines and '#' comments ignored), as Darknet/YOLO tools write them.
+
+    A YAML file with a `names:` list or mapping (an Ultralytics data file) is accepted too, so the
+    file a model was trained with can be pointed at directly.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ModelError(f"cannot read labels file {p}: {exc.strerror or exc}") from exc
+    if p.suffix.lower() in (".yaml", ".yml"):
+        return _labels_from_yaml(p, text)
+    labels = [line.strip() for line in text.splitlines()]
+    labels = [line for line in labels if line and not line.startswith("#")]
+    if not labels:
+        raise ModelError(f"labels file {p} holds no labels")
+    return labels
+
+
+def _labels_from_yaml(path: Path, text: str) -> list[str]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ModelError(f"labels file {path} is not valid YAML: {exc}") from exc
+    names = data.get("names") if isinstance(data, dict) else data
+    labels = labels_from_names(names)
+    if not labels:
+        raise ModelError(f"labels file {path}: expected a 'names' list or mapping")
+    return labels
+
+
+def labels_from_names(names: object) -> list[str]:
+    """Turn a `names` list or an {index: name} mapping into a dense list ordered by index."""
+    if isinstance(names, (list, tuple)):
+        return [str(n) for n in names]
+    if isinstance(names, dict) and names:
+        try:
+            indexed = {int(k): str(v) for k, v in names.items()}
+        except (TypeError, ValueError):
+            return []
+        size = max(indexed) + 1
+        return [indexed.get(i, f"class{i}") for i in range(size)]
+    return []
+
+
+def placeholder_labels(count: int) -> list[str]:
+    return [f"class{i}" for i in range(count)]
+
+
+def resolve_labels(
+    configured: str | Sequence[str] | None,
+    metadata_names: Sequence[str] | None,
+) -> list[str] | None:
+    """Pick labels by precedence: explicit config (file or list), then model metadata.
+
+    Returns None when neither is given; the caller falls back to COCO-80 or placeholders once
+    the class count is known from the output shape.
+    """
+    if isinstance(configured, (str, Path)):
+        return read_labels_file(configured)
+    if configured is not None:
+        labels = [str(x) for x in configured]
+        if not labels:
+            raise ModelError("the configured labels list is empty")
+        return labels
+    if metadata_names:
+        return list(metadata_names)
+    return None

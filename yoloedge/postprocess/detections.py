@@ -1,0 +1,37 @@
+"""The result of one frame: boxes in source pixels, scores and class ids, as parallel arrays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass
+class Detections:
+    boxes: np.ndarray  # (n, 4) float32, x1 y1 x2 y2 in source pixels
+    scores: np.ndarray  # (n,) float32, descending
+    class_ids: np.ndarray  # (n,) int32
+    width: int
+    height: int
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    @classmethod
+    def empty(cls, width: int, height: int) -> "Detections":
+        return cls(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32),
+                   width, height)
+
+    def to_dicts(self, labels: Sequence[str], decimals: int = 2) -> list[dict]:
+        """JSON-ready detections: label, class_id, score, box [x1, y1, x2, y2] (source pixels)."""
+        out = []
+        for box, score, cid in zip(self.boxes.tolist(), self.scores.tolist(), self.class_ids.tolist()):
+            out.append({
+                "label": labels[cid] if 0 <= cid < len(labels) else f"class{cid}",
+                "class_id": int(cid),
+                "score": round(float(score), 6),
+                "box": [round(float(v), decimals) for v in box],
+            })
+        return out

@@ -1,0 +1,5 @@
+"""Frames in, model input tensors out: letterbox written straight into the batch buffer."""
+
+from .letterbox import Geometry, Letterboxer, LetterboxStyle, compute_geometry
+
+__all__ = ["Geometry", "Letterboxer", "LetterboxStyle", "compute_geometry"]

@@ -1,0 +1,167 @@
+"""Letterbox resize, written once and shared by every backend.
+
+The exact rounding matters: int8 models move by up to 0.15 in score when the resized size or the
+pad position differs by one pixel, so each family's upstream convention is reproduced:
+
+* Ultralytics / YOLOv5 ("center"): new size = round(w*r), pad split round(d/2 -/+ 0.1), so an odd
+  pixel of padding goes to the bottom/right.
+* YOLOX ("topleft"): new size = int(w*r) (truncated), image at the top-left, all padding after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import cv2
+import numpy as np
+
+PAD_VALUE = 114
+
+Placement = Literal["center", "topleft"]
+
+
+@dataclass(frozen=True)
+class LetterboxStyle:
+    """How a family expects its input: placement, colour order and value scaling."""
+
+    placement: Placement = "center"
+    rgb: bool = True  # channel order the model wants (frames arrive BGR, as OpenCV decodes them)
+    normalize: bool = True  # divide by 255
+
+    @property
+    def truncate(self) -> bool:
+        # YOLOX's preproc truncates the resized size; Ultralytics/YOLOv5 round it.
+        return self.placement == "topleft"
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where a source frame landed inside the model input, to map boxes back."""
+
+    src_w: int
+    src_h: int
+    new_w: int
+    new_h: int
+    left: int
+    top: int
+
+    @property
+    def scale_x(self) -> float:
+        return self.new_w / self.src_w
+
+    @property
+    def scale_y(self) -> float:
+        return self.new_h / self.src_h
+
+    def boxes_to_source(self, boxes: np.ndarray, clip: bool = True) -> np.ndarray:
+        """Map xyxy boxes from model-input pixels to source pixels, in place."""
+        boxes[:, 0::2] -= self.left
+        boxes[:, 1::2] -= self.top
+        boxes[:, 0::2] /= self.scale_x
+        boxes[:, 1::2] /= self.scale_y
+        if clip:
+            np.clip(boxes[:, 0::2], 0, self.src_w, out=boxes[:, 0::2])
+            np.clip(boxes[:, 1::2], 0, self.src_h, out=boxes[:, 1::2])
+        return boxes
+
+
+def compute_geometry(
+    src_w: int, src_h: int, dst_w: int, dst_h: int, style: LetterboxStyle = LetterboxStyle()
+) -> Geometry:
+    if src_w <= 0 or src_h <= 0:
+        raise ValueError(f"frame has no pixels ({src_w}x{src_h})")
+    r = min(dst_h / src_h, dst_w / src_w)
+    if style.truncate:
+        new_w, new_h = int(src_w * r), int(src_h * r)
+    else:
+        new_w, new_h = int(round(src_w * r)), int(round(src_h * r))
+    new_w = min(max(new_w, 1), dst_w)
+    new_h = min(max(new_h, 1), dst_h)
+    if style.placement == "topleft":
+        left = top = 0
+    else:
+        left = int(round((dst_w - new_w) / 2 - 0.1))
+        top = int(round((dst_h - new_h) / 2 - 0.1))
+    return Geometry(src_w, src_h, new_w, new_h, left, top)
+
+
+def as_bgr(frame: np.ndarray) -> np.ndarray:
+    """Accept grayscale (HxW or HxWx1) and BGRA frames as well as BGR."""
+    if frame.ndim == 2 or (frame.ndim == 3 and frame.shape[2] == 1):
+        return cv2.cvtColor(frame, cv2.COLOR_GRAY2BGR)
+    if frame.ndim == 3 and frame.shape[2] == 4:
+        return cv2.cvtColor(frame, cv2.COLOR_BGRA2BGR)
+    if frame.ndim == 3 and frame.shape[2] == 3:
+        return frame
+    raise ValueError(f"unsupported frame shape {frame.shape}: expected HxW, HxWx1, HxWx3 or HxWx4")
+
+
+class Letterboxer:
+    """Letterboxes frames into one slot of a preallocated batch buffer.
+
+    One instance per worker: it keeps a uint8 canvas and three plane buffers, allocated once, so
+    the per-frame cost is cv2.resize into the canvas plus one scaled copy per plane. Nothing is
+    allocated per frame (bar cv2.resize's own scratch).
+
+    Slot layouts:
+    * NCHW float32/float16: normalised planes (``style.normalize``) in the model's channel order;
+    * NHWC uint8 (Ascend AIPP, which normalises on the device): the letterboxed canvas itself;
+    * a 1-channel model gets the grayscale image.
+    """
+
+    def __init__(self, height: int, width: int, channels: int = 3, nhwc: bool = False,
+                 style: LetterboxStyle = LetterboxStyle()):
+        if channels not in (1, 3):
+            raise ValueError(f"models with {channels} input channels are not supported (1 or 3)")
+        self.height, self.width, self.channels, self.nhwc, self.style = height, width, channels, nhwc, style
+        self._canvas = np.full((height, width, 3), PAD_VALUE, np.uint8)
+        self._planes = [np.empty((height, width), np.uint8) for _ in range(3)]
+        self._gray = np.empty((height, width), np.uint8)
+        self._canvas_geometry: Geometry | None = None
+        self._scale = np.float32(1.0 / 255.0 if style.normalize else 1.0)
+
+    def geometry(self, frame: np.ndarray) -> Geometry:
+        return compute_geometry(frame.shape[1], frame.shape[0], self.width, self.height, self.style)
+
+    def __call__(self, frame: np.ndarray, slot: np.ndarray) -> Geometry:
+        """Write `frame` (BGR, gray or BGRA, any size) into `slot` and return its geometry."""
+        frame = as_bgr(frame)
+        geo = self.geometry(frame)
+        canvas = self._canvas_for(geo, slot)
+        region = canvas[geo.top:geo.top + geo.new_h, geo.left:geo.left + geo.new_w]
+        if (geo.new_w, geo.new_h) == (geo.src_w, geo.src_h):
+            region[...] = frame
+        else:
+            out = cv2.resize(frame, (geo.new_w, geo.new_h), dst=region, interpolation=cv2.INTER_LINEAR)
+            if out.ctypes.data != region.ctypes.data:  # OpenCV could not write in place
+                region[...] = out
+        self._to_slot(canvas, slot)
+        return geo
+
+    def _canvas_for(self, geo: Geometry, slot: np.ndarray) -> np.ndarray:
+        if self.nhwc and self.channels == 3:
+            if slot.shape != self._canvas.shape or slot.dtype != np.uint8:
+                raise ValueError(f"NHWC slot must be uint8 {self._canvas.shape}, got {slot.dtype} {slot.shape}")
+            # The slot is written directly; its padding is whatever the previous frame left.
+            slot[...] = PAD_VALUE
+            return slot
+        if self._canvas_geometry != geo:
+            self._canvas.fill(PAD_VALUE)
+            self._canvas_geometry = geo
+        return self._canvas
+
+    def _to_slot(self, canvas: np.ndarray, slot: np.ndarray) -> None:
+        if self.channels == 1:
+            cv2.cvtColor(canvas, cv2.COLOR_BGR2GRAY, dst=self._gray)
+            target = slot.reshape(self.height, self.width)
+            np.multiply(self._gray, self._scale, out=target, casting="unsafe")
+            return
+        if self.nhwc:
+            if self.style.rgb:
+                cv2.cvtColor(slot, cv2.COLOR_BGR2RGB, dst=slot)
+            return
+        cv2.split(canvas, self._planes)
+        order = (2, 1, 0) if self.style.rgb else (0, 1, 2)
+        for c, plane in enumerate(order):
+            np.multiply(self._planes[plane], self._scale, out=slot[c], casting="unsafe")
