@@ -68,8 +68,7 @@ class OnnxRuntimeBackend(Backend):
             return self._spec
         if max_batch < 1:
             raise BackendError(f"max_batch must be >= 1, got {max_batch}")
-        self._session = self._create_session()
-        session = self._session
+        session = self._create_session()
         meta = parse_metadata(session.get_modelmeta().custom_metadata_map or {})
         inputs = tuple(self._tensor_spec(i) for i in session.get_inputs())
         outputs = tuple(self._tensor_spec(o) for o in session.get_outputs())
@@ -88,8 +87,15 @@ class OnnxRuntimeBackend(Backend):
             shape[ch_axis] = meta.channels or 3
         self._dynamic_batch = shape[0] == DYNAMIC
         self._chunk = max_batch if self._dynamic_batch else shape[0]
+        if self._dynamic_batch and max_batch > 1 and _dynamically_quantised(self.model_path):
+            # DynamicQuantizeLinear picks one scale for the whole tensor, i.e. for the whole
+            # batch: a frame's scores would depend on the other frames batched with it.
+            log.info("%s is dynamically quantised: running frames one at a time so that each "
+                     "frame's result is independent of the others", self.model_path)
+            self._dynamic_batch, self._chunk = False, 1
         capacity = -(-max_batch // self._chunk) * self._chunk
         shape[0] = capacity
+        self._session = session
         self._input = np.zeros(shape, inp.dtype)
         inp = TensorSpec(inp.name, tuple(shape), inp.dtype)
         self._spec = ModelSpec(self.model_path, (inp,), outputs, meta)
@@ -206,6 +212,12 @@ class OnnxRuntimeBackend(Backend):
         self._session = None
         self._outputs = []
         self._input = None
+
+
+def _dynamically_quantised(path: str) -> bool:
+    """True when the graph uses DynamicQuantizeLinear (its op type is stored as plain text)."""
+    with open(path, "rb") as f:
+        return b"DynamicQuantizeLinear" in f.read()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -108,6 +108,8 @@ def detect_layout(
     if format == "v8":
         if num_classes is not None and b == 4 + num_classes and a != 4 + num_classes:
             return Layout("v8", num_classes, transposed=True)
+        if num_classes is None and a > b >= 5:  # candidates outnumber channels: rows layout
+            return Layout("v8", b - 4, transposed=True)
         if a < 5:
             raise fail("expected [4+nc, N]")
         return Layout("v8", a - 4 if num_classes is None else _check_nc(num_classes, a - 4, fail))
@@ -166,7 +168,8 @@ def _raw_layout(maps, input_hw, num_classes, format, anchors) -> Layout:
             na, gh, gw, no = shape
             specs.append((gh, gw, na * no, "ahwc", _stride_of(h, gh, maps)))
         elif len(shape) == 3:
-            if _stride_of(h, shape[1], None):  # [C, H, W]
+            stride = _stride_of(h, shape[1], None)
+            if stride and shape[2] == math.ceil(w / stride):  # [C, H, W]: both H and W fit the stride
                 specs.append((shape[1], shape[2], shape[0], "chw", _stride_of(h, shape[1], maps)))
             else:  # [H, W, C]
                 specs.append((shape[0], shape[1], shape[2], "hwc", _stride_of(h, shape[0], maps)))

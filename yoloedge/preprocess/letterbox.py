@@ -154,8 +154,7 @@ class Letterboxer:
     def _to_slot(self, canvas: np.ndarray, slot: np.ndarray) -> None:
         if self.channels == 1:
             cv2.cvtColor(canvas, cv2.COLOR_BGR2GRAY, dst=self._gray)
-            target = slot.reshape(self.height, self.width)
-            np.multiply(self._gray, self._scale, out=target, casting="unsafe")
+            _scale_into(self._gray, self._scale, slot.reshape(self.height, self.width))
             return
         if self.nhwc:
             if self.style.rgb:
@@ -164,4 +163,15 @@ class Letterboxer:
         cv2.split(canvas, self._planes)
         order = (2, 1, 0) if self.style.rgb else (0, 1, 2)
         for c, plane in enumerate(order):
-            np.multiply(self._planes[plane], self._scale, out=slot[c], casting="unsafe")
+            _scale_into(self._planes[plane], self._scale, slot[c])
+
+
+def _scale_into(plane: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
+    """out = plane * scale, converting uint8 to the slot's float type without a temporary."""
+    if out.dtype == np.float16:
+        # NumPy's uint8 -> float16 cast is ~4x slower than OpenCV's CV_16F conversion.
+        res = cv2.multiply(plane, float(scale), dst=out, dtype=cv2.CV_16F)
+        if res.ctypes.data != out.ctypes.data:
+            out[...] = res
+        return
+    np.multiply(plane, scale, out=out, casting="unsafe")

@@ -1,0 +1,39 @@
+# Shared set-up for scripts/test.sh and the demo: sourced, not run.
+# Creates .venv (override with YOLOEDGE_VENV) and installs the package editable with extras;
+# reinstalls only when pyproject.toml changed. As root, apt-installs missing system programs.
+
+VENV="${YOLOEDGE_VENV:-$PWD/.venv}"
+
+# Debian packages the tests need, as "command:package" pairs (empty while none are needed).
+SYSTEM_PACKAGES=()
+
+ensure_system_packages() {
+  local missing=() pair cmd pkg
+  for pair in "${SYSTEM_PACKAGES[@]}"; do
+    cmd="${pair%%:*}"; pkg="${pair#*:}"
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "error: missing system packages: ${missing[*]}" >&2
+    echo "       install them with: sudo apt-get install -y ${missing[*]}" >&2
+    return 1
+  fi
+  echo "installing system packages: ${missing[*]}" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+ensure_venv() {
+  local extras="${1:-}" stamp
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "creating virtual environment $VENV" >&2
+    python3 -m venv "$VENV"
+  fi
+  stamp="$VENV/.yoloedge-installed-${extras:-base}"
+  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "installing yoloedge${extras:+[$extras]} into $VENV" >&2
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}" >&2
+    touch "$stamp"
+  fi
+}

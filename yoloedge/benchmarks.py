@@ -1,0 +1,153 @@
+"""Micro- and model benchmarks: our stages side by side with plain OpenCV/NumPy, cv2.dnn,
+torchvision (when installed) and the bare ONNX Runtime session, measured in one run.
+
+Numbers are medians over `repeat` runs after a warm-up; they go into the README.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import cv2
+import numpy as np
+
+
+@dataclass
+class Timing:
+    name: str
+    median_ms: float
+    p90_ms: float
+    note: str = ""
+
+
+def measure(name: str, fn: Callable[[], object], repeat: int, note: str = "") -> Timing:
+    for _ in range(max(3, repeat // 10)):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    samples.sort()
+    return Timing(name, statistics.median(samples), samples[int(0.9 * (len(samples) - 1))], note)
+
+
+def format_table(title: str, rows: list[Timing]) -> str:
+    base = rows[0].median_ms if rows else 1.0
+    width = max(len(r.name) for r in rows) if rows else 10
+    lines = [title, f"  {'':<{width}}  {'median ms':>9}  {'p90 ms':>8}  {'vs first':>8}"]
+    for r in rows:
+        ratio = r.median_ms / base if base else float("nan")
+        lines.append(f"  {r.name:<{width}}  {r.median_ms:>9.3f}  {r.p90_ms:>8.3f}  {ratio:>7.2f}x"
+                     + (f"  {r.note}" if r.note else ""))
+    return "\n".join(lines)
+
+
+# -- letterbox ---------------------------------------------------------------------------------
+def bench_letterbox(frame: np.ndarray, size: int, repeat: int) -> list[Timing]:
+    from .preprocess import Letterboxer
+
+    h, w = frame.shape[:2]
+    buf = np.empty((1, 3, size, size), np.float32)
+    buf16 = np.empty((1, 3, size, size), np.float16)
+    ours = Letterboxer(size, size)
+    ours16 = Letterboxer(size, size)
+    r = min(size / h, size / w)
+    nw, nh = int(round(w * r)), int(round(h * r))
+    top, left = int(round((size - nh) / 2 - 0.1)), int(round((size - nw) / 2 - 0.1))
+
+    def plain_resize_copy():
+        # What most sample code does: resize, pad with copyMakeBorder, BGR->RGB, HWC->CHW, scale.
+        img = cv2.resize(frame, (nw, nh), interpolation=cv2.INTER_LINEAR)
+        img = cv2.copyMakeBorder(img, top, size - nh - top, left, size - nw - left,
+                                 cv2.BORDER_CONSTANT, value=(114, 114, 114))
+        buf[0] = img[:, :, ::-1].transpose(2, 0, 1).astype(np.float32) / 255.0
+
+    def blob_from_image():
+        img = cv2.resize(frame, (nw, nh), interpolation=cv2.INTER_LINEAR)
+        img = cv2.copyMakeBorder(img, top, size - nh - top, left, size - nw - left,
+                                 cv2.BORDER_CONSTANT, value=(114, 114, 114))
+        buf[:] = cv2.dnn.blobFromImage(img, 1 / 255.0, swapRB=True)
+
+    def resize_only():
+        cv2.resize(frame, (nw, nh), interpolation=cv2.INTER_LINEAR)
+
+    return [
+        measure("yoloedge Letterboxer -> float32", lambda: ours(frame, buf[0]), repeat),
+        measure("yoloedge Letterboxer -> float16", lambda: ours16(frame, buf16[0]), repeat),
+        measure("plain resize+pad+transpose", plain_resize_copy, repeat),
+        measure("resize+pad+cv2.dnn.blobFromImage", blob_from_image, repeat),
+        measure("cv2.resize alone (lower bound)", resize_only, repeat),
+    ]
+
+
+# -- decode + NMS ------------------------------------------------------------------------------
+def bench_decode_nms(output: np.ndarray, conf: float, iou: float, repeat: int) -> list[Timing]:
+    """`output` is one image's v8 output [4+nc, N]."""
+    from .postprocess import Layout, PostprocessSettings, Postprocessor, make_decoder
+    from .preprocess import Geometry
+
+    nc = output.shape[0] - 4
+    post = Postprocessor(make_decoder(Layout("v8", nc)), PostprocessSettings(conf=conf, iou=iou))
+    geo = Geometry(640, 640, 640, 640, 0, 0)
+    rows = [measure("yoloedge decode+NMS", lambda: post([output], geo), repeat,
+                    note=f"{len(post([output], geo))} boxes")]
+
+    def opencv():
+        scores_all = output[4:]
+        best = scores_all.max(axis=0)
+        idx = np.flatnonzero(best > conf)
+        cls = scores_all[:, idx].argmax(axis=0)
+        xywh = output[:4, idx].T.copy()
+        xywh[:, :2] -= xywh[:, 2:4] / 2
+        keep = cv2.dnn.NMSBoxesBatched(xywh.tolist(), best[idx].tolist(), cls.tolist(), conf, iou)
+        return keep
+
+    rows.append(measure("numpy decode + cv2.dnn.NMSBoxesBatched", opencv, repeat,
+                        note=f"{len(opencv())} boxes"))
+    try:
+        import torch
+        import torchvision
+    except Exception:  # noqa: BLE001 - optional peer, any import failure means "not available"
+        rows.append(Timing("torchvision.ops.batched_nms", float("nan"), float("nan"), "not installed"))
+        return rows
+    t_out = torch.from_numpy(np.ascontiguousarray(output))
+
+    def tv():
+        scores_all = t_out[4:]
+        best, cls = scores_all.max(dim=0)
+        mask = best > conf
+        xywh = t_out[:4, mask].T
+        boxes = torch.cat([xywh[:, :2] - xywh[:, 2:] / 2, xywh[:, :2] + xywh[:, 2:] / 2], dim=1)
+        return torchvision.ops.batched_nms(boxes, best[mask], cls[mask], iou)
+
+    rows.append(measure("torch decode + torchvision batched_nms", tv, repeat, note=f"{len(tv())} boxes"))
+    return rows
+
+
+# -- whole model -------------------------------------------------------------------------------
+def bench_model(model_path: str, frame: np.ndarray, repeat: int, threads: int = 0) -> list[Timing]:
+    """Our full detect() against the bare ONNX Runtime session on the same pre-filled input."""
+    import onnxruntime as ort
+
+    from .config import ModelConfig, OnnxRuntimeConfig
+    from .detector import open_detector
+
+    cfg = OnnxRuntimeConfig(intra_op_threads=threads)
+    det = open_detector(ModelConfig(path=model_path), backend_config=cfg)
+    det.preprocess([frame])
+    feed = {det.spec.input.name: det.backend.input_buffer[:1].copy()}
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    raw_default = ort.InferenceSession(model_path, opts, providers=["CPUExecutionProvider"])
+    rows = [
+        measure("yoloedge detect (letterbox+run+decode+NMS)", lambda: det.detect([frame]), repeat),
+        measure("yoloedge backend.run only", lambda: det.infer(1), repeat),
+        measure("bare ORT session.run (default options)", lambda: raw_default.run(None, feed), repeat),
+    ]
+    det.close()
+    return rows

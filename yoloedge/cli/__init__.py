@@ -1,0 +1,1 @@
+"""Command-line entry points: `yoloedge` (detect, bench, ...) and `yoloedge-ctl`."""

@@ -1,0 +1,82 @@
+"""`yoloedge bench`: side-by-side timings (not tests) for the README."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import cv2
+import numpy as np
+
+from ..errors import YoloedgeError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmarks: ours next to plain OpenCV, torchvision, bare ORT")
+    bsub = p.add_subparsers(dest="bench", metavar="KIND")
+    bsub.required = True
+    micro = bsub.add_parser("micro", help="letterbox and decode+NMS micro-benchmarks")
+    micro.add_argument("--model", required=True,
+                       help="a v8-layout ONNX model at 640 (its real output feeds the decode benchmark)")
+    micro.add_argument("--image", help="image to use (default: a synthetic textured frame)")
+    micro.add_argument("--width", type=int, default=1920, help="frame width for letterbox (default 1920)")
+    micro.add_argument("--height", type=int, default=1080, help="frame height (default 1080)")
+    micro.add_argument("--repeat", type=int, default=300)
+    micro.set_defaults(func=run_micro)
+    model = bsub.add_parser("model", help="whole detect() against the bare ONNX Runtime session")
+    model.add_argument("--model", required=True)
+    model.add_argument("--image", help="image to use (default: synthetic)")
+    model.add_argument("--repeat", type=int, default=30)
+    model.add_argument("--threads", type=int, default=0, help="intra-op threads (0: ORT default)")
+    model.set_defaults(func=run_model)
+
+
+def _frame(path: str | None, width: int, height: int) -> np.ndarray:
+    if path:
+        img = cv2.imread(path)
+        if img is None:
+            raise YoloedgeError(f"cannot read image {path}")
+    else:
+        rng = np.random.default_rng(0)
+        img = cv2.GaussianBlur(rng.integers(0, 255, (height // 4, width // 4, 3), dtype=np.uint8), (5, 5), 0)
+    return cv2.resize(img, (width, height), interpolation=cv2.INTER_LINEAR)
+
+
+def run_micro(args: argparse.Namespace) -> int:
+    from ..benchmarks import bench_decode_nms, bench_letterbox, format_table
+    from ..config import ModelConfig
+    from ..detector import open_detector
+
+    try:
+        frame = _frame(args.image, args.width, args.height)
+        det = open_detector(ModelConfig(path=args.model, conf=0.25))
+    except YoloedgeError as exc:
+        print(f"yoloedge bench: {exc}", file=sys.stderr)
+        return 2
+    if det.layout.format != "v8" or det.input.height != 640:
+        print("yoloedge bench micro: needs a v8-layout model with a 640 input", file=sys.stderr)
+        return 2
+    print(f"frame {frame.shape[1]}x{frame.shape[0]} -> {det.input.width}x{det.input.height}, "
+          f"{args.repeat} runs each, opencv {cv2.__version__}, numpy {np.__version__}")
+    print(format_table("letterbox into the model's input buffer", bench_letterbox(frame, 640, args.repeat)))
+    det.preprocess([frame])
+    output = det.infer(1)[0][0].copy()
+    print(format_table("v8 decode + NMS on a real 640 output (conf 0.25, IoU 0.45)",
+                       bench_decode_nms(output, 0.25, 0.45, args.repeat)))
+    det.close()
+    return 0
+
+
+def run_model(args: argparse.Namespace) -> int:
+    from ..benchmarks import bench_model, format_table
+
+    try:
+        frame = _frame(args.image, 1920, 1080) if not args.image else cv2.imread(args.image)
+        if frame is None:
+            raise YoloedgeError(f"cannot read image {args.image}")
+        rows = bench_model(args.model, frame, args.repeat, args.threads)
+    except YoloedgeError as exc:
+        print(f"yoloedge bench: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(f"{args.model}: whole pipeline vs bare runtime ({args.repeat} runs)", rows))
+    return 0
