@@ -4,14 +4,19 @@
 
 VENV="${YOLOEDGE_VENV:-$PWD/.venv}"
 
-# Debian packages the tests need, as "command:package" pairs (empty while none are needed).
-SYSTEM_PACKAGES=()
+# Debian packages the tests and the demo need (broker, RTSP server, systemd container tooling).
+SYSTEM_PACKAGES=(
+  mosquitto mosquitto-clients openssl
+  python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-tools gstreamer1.0-plugins-base
+  gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-rtsp
+  systemd systemd-container
+)
 
 ensure_system_packages() {
-  local missing=() pair cmd pkg
-  for pair in "${SYSTEM_PACKAGES[@]}"; do
-    cmd="${pair%%:*}"; pkg="${pair#*:}"
-    command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+  local missing=() pkg
+  command -v dpkg-query >/dev/null 2>&1 || { echo "warning: not a Debian system; install ${SYSTEM_PACKAGES[*]} yourself" >&2; return 0; }
+  for pkg in "${SYSTEM_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" -ne 0 ]; then

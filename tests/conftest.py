@@ -11,17 +11,24 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["conftest_mqtt", "fixtures_media"]
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "testdata"
+
+
+def skip_unless_required(reason: str, switch: str) -> None:
+    """Skip a test whose environment is missing; fail instead where CI requires it (`switch`=1)."""
+    if os.environ.get(switch) == "1":
+        pytest.fail(f"{reason} (and {switch}=1)", pytrace=False)
+    pytest.skip(reason)
 
 
 def _shared_or_skip() -> Path:
     if SHARED.is_dir():
         return SHARED
-    reason = f"shared test data not found at ../shared/testdata (relative to the repo root)"
-    if os.environ.get("YOLOEDGE_REQUIRE_SHARED") == "1":
-        pytest.fail(reason + " and YOLOEDGE_REQUIRE_SHARED=1", pytrace=False)
-    pytest.skip(reason)
+    skip_unless_required("shared test data not found at ../shared/testdata (relative to the repo root)",
+                         "YOLOEDGE_REQUIRE_SHARED")
 
 
 @pytest.fixture(scope="session")

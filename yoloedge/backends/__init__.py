@@ -27,18 +27,37 @@ def backend_names() -> tuple[str, ...]:
 
 
 def create_backend(name: str, model_path: str, config: Any = None) -> Backend:
-    """Import the backend named `name` and construct it (no device is touched yet)."""
-    try:
+    """Import the backend named `name` and construct it (no device is touched yet).
+
+    `name` is a registered backend or, for custom backends, "package.module:ClassName".
+    """
+    if name in REGISTRY:
         module_name, class_name, install = REGISTRY[name]
-    except KeyError:
+    elif ":" in name:
+        module_name, class_name = name.split(":", 1)
+        install = f"make the module {module_name!r} importable"
+    else:
         raise BackendUnavailableError(
-            f"unknown backend {name!r}: choose one of {', '.join(REGISTRY)}") from None
+            f"unknown backend {name!r}: choose one of {', '.join(REGISTRY)} or give package.module:Class")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise BackendUnavailableError(
             f"backend {name!r} cannot load its runtime ({exc}); install it: {install}") from exc
-    return getattr(module, class_name)(model_path, config)
+    try:
+        cls = getattr(module, class_name)
+    except AttributeError:
+        raise BackendUnavailableError(f"backend {name!r}: {module_name} has no {class_name}") from None
+    return cls(model_path, config)
 
 
-__all__ = ["Backend", "REGISTRY", "backend_names", "create_backend"]
+def backend_config_for(accelerator: Any, device: int) -> Any:
+    """The per-device settings handed to a backend's constructor."""
+    from dataclasses import replace
+
+    if accelerator.backend == "onnxruntime":
+        return replace(accelerator.onnxruntime, device_id=device)
+    return {**dict(accelerator.options), "device_id": device}
+
+
+__all__ = ["Backend", "REGISTRY", "backend_config_for", "backend_names", "create_backend"]

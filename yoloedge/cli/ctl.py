@@ -1,35 +1,286 @@
 """`yoloedge-ctl`: talk to a running daemon over its control socket.
 
-Exit codes follow the LSB status convention: 0 running and healthy, 1 degraded, 3 not running.
+    yoloedge-ctl [--socket PATH | -c CONFIG] [--timeout S] status [--json]
+    yoloedge-ctl [--socket PATH | -c CONFIG] [--timeout S] reload
+
+With `-c CONFIG` the socket path is the config file's `control.socket` (default
+/run/yoloedge/control.sock).
+
+Exit codes follow the LSB status convention:
+    0  running and healthy (reload: accepted)
+    1  running but degraded: `daemon.healthy` is false (reload: rejected by the daemon)
+    2  usage error, or the config file given with -c is unreadable
+    3  not running (no control socket, or nothing accepting on it)
+    4  status unknown: permission denied on the socket (join the 'yoloedge' group or use
+       sudo), no answer in time, or an answer that makes no sense
+
+Requests and replies are one JSON line each (see `yoloedge.control.server`).
+
+`{"cmd": "status"}` is answered with this dict (`status --json` prints it as is):
+
+    {"ok": true,
+     "daemon": {"state": "starting" | "running" | "reloading" | "stopping",
+                "pid": int, "version": str, "uptime_s": float,
+                "config": str (path of the config file), "generation": int (1 at start-up,
+                +1 per applied reload), "config_error": str | null (why the last reload was
+                rejected; the previous config stays in effect), "healthy": bool,
+                "problems": [str]},
+     "accelerators": [{"name": str, "backend": str, "device": str, "model": str, "batch": int,
+                       "state": str, "healthy": bool, "inferences_per_s": float,
+                       "p50_ms": float | null, "p99_ms": float | null, "queue_depth": int,
+                       "errors": int, "description": str}],
+     "cameras": [{"name": str, "url": str (credentials already redacted), "state": str,
+                  "fps_in": float, "fps_out": float, "drops": int, "reconnects": int,
+                  "stalls": int, "last_frame_age_s": float | null,
+                  "latency_p50_ms": float | null, "latency_p99_ms": float | null,
+                  "error": str | null}],
+     "mqtt": {"connected": bool, "broker": str ("host:port"), "queued": int,
+              "delivered": int, "dropped": int}}
+
+The daemon may add keys (e.g. `daemon.device_id`, `daemon.restart_needed_for`: changed keys
+that only a restart applies); `status` shows what it knows and ignores the rest.
+
+`{"cmd": "reload"}` is answered once the daemon has tried the reload:
+`{"ok": bool, "generation": int, "reloaded": bool, "config_error": str | null}` --
+ok false means the new config was rejected (config_error says why; the old one stays).
+Any request the daemon cannot serve gets `{"ok": false, "error": str}`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import sys
+from typing import Any, Iterable, Sequence
 
-DEFAULT_SOCKET = "/run/yoloedge/control.sock"
+import yaml
+
+from ..config.schema import ControlConfig
+from ..control.client import ControlError, NotRunning, PermissionDenied, request
+from ..redact import redact_url
+
+DEFAULT_SOCKET = ControlConfig().socket
+
+EXIT_OK = 0
+EXIT_DEGRADED = 1
+EXIT_USAGE = 2
 EXIT_NOT_RUNNING = 3
+EXIT_UNKNOWN = 4
+EXIT_PERMISSION_DENIED = EXIT_UNKNOWN  # LSB: status unknown to this user
+
+STATUS_TIMEOUT_S = 5.0
+#: the daemon answers a reload only once it has been applied or rejected (it waits up to 30 s).
+RELOAD_TIMEOUT_S = 35.0
+
+
+class ConfigFileError(Exception):
+    """The -c file cannot be read or has no usable `control.socket`."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="yoloedge-ctl", description="Inspect a running yoloedge daemon.")
-    parser.add_argument("--socket", default=DEFAULT_SOCKET, help=f"control socket (default {DEFAULT_SOCKET})")
+    parser = argparse.ArgumentParser(prog="yoloedge-ctl",
+                                     description="Inspect or reload a running yoloedge daemon.")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--socket", help=f"control socket (default {DEFAULT_SOCKET})")
+    where.add_argument("-c", "--config", help="read the control socket path from this config file")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help=f"seconds to wait for the daemon (default {STATUS_TIMEOUT_S:g}; "
+                             f"reload {RELOAD_TIMEOUT_S:g})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     status = sub.add_parser("status", help="daemon, accelerators, cameras and MQTT at a glance")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--json", action="store_true", help="print the daemon's status as JSON")
+    sub.add_parser("reload", help="re-read the config file (like systemctl reload)")
     return parser
+
+
+def socket_from_config(path: str) -> str:
+    """`control.socket` from the YAML at `path`; the default when the key is absent.
+
+    Reads only that key: ctl must work even when the rest of the file would not validate
+    (that is exactly when an operator needs `status` to see the reload error).
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            document = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigFileError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigFileError(f"config file {path} is not valid YAML: {exc}") from exc
+    if document is None:
+        return DEFAULT_SOCKET
+    if not isinstance(document, dict):
+        raise ConfigFileError(f"config file {path}: expected a mapping at the top level")
+    control = document.get("control")
+    if control is None:
+        return DEFAULT_SOCKET
+    if not isinstance(control, dict):
+        raise ConfigFileError(f"config file {path}: `control` must be a mapping")
+    socket_path = control.get("socket", DEFAULT_SOCKET)
+    if not isinstance(socket_path, str) or not socket_path:
+        raise ConfigFileError(f"config file {path}: `control.socket` must be a path")
+    return socket_path
+
+
+# ---------------------------------------------------------------------------------------------
+# Human-readable status
+
+
+def _text(value: Any, fmt: str = "{}") -> str:
+    """Table cell: None (unknown / not applicable) shows as '-'."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    try:
+        return fmt.format(value)
+    except (TypeError, ValueError):
+        return str(value)  # an unexpected type from a newer daemon: show it rather than fail
+
+
+def format_duration(seconds: float | None) -> str:
+    """'3d 04h', '2h 05m', '4m 07s', '12s': the two most significant units."""
+    if seconds is None:
+        return "-"
+    total = int(seconds)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[str]],
+                 right: Iterable[int] = ()) -> list[str]:
+    """Columns padded to their widest cell; `right` columns (numbers) right-aligned."""
+    rows = [list(row) for row in rows]
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
+    right = set(right)
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  ".join(padded).rstrip()
+
+    return [line(headers)] + [line(row) for row in rows]
+
+
+def _health(value: Any) -> str:
+    if value is None:
+        return "-"
+    return "ok" if value else "FAIL"
+
+
+def _accelerator_lines(accelerators: list[dict]) -> list[str]:
+    headers = ("NAME", "BACKEND", "DEVICE", "MODEL", "BATCH", "STATE", "HEALTH", "INF/S", "P50 MS",
+               "P99 MS", "QUEUE", "ERRORS", "DESCRIPTION")
+    rows = [(_text(a.get("name")), _text(a.get("backend")), _text(a.get("device")), _text(a.get("model")),
+             _text(a.get("batch")), _text(a.get("state")), _health(a.get("healthy")),
+             _text(a.get("inferences_per_s"), "{:.1f}"), _text(a.get("p50_ms"), "{:.1f}"),
+             _text(a.get("p99_ms"), "{:.1f}"), _text(a.get("queue_depth")), _text(a.get("errors")),
+             _text(a.get("description")))
+            for a in accelerators]
+    return format_table(headers, rows, right=(4, 7, 8, 9, 10, 11))
+
+
+def _camera_lines(cameras: list[dict]) -> list[str]:
+    headers = ("NAME", "STATE", "FPS IN", "FPS OUT", "DROPS", "RECONN", "STALLS", "AGE S", "P50 MS",
+               "P99 MS", "URL", "ERROR")
+    rows = [(_text(c.get("name")), _text(c.get("state")), _text(c.get("fps_in"), "{:.1f}"),
+             _text(c.get("fps_out"), "{:.1f}"), _text(c.get("drops")), _text(c.get("reconnects")),
+             _text(c.get("stalls")), _text(c.get("last_frame_age_s"), "{:.1f}"),
+             _text(c.get("latency_p50_ms"), "{:.1f}"), _text(c.get("latency_p99_ms"), "{:.1f}"),
+             _text(c.get("url") and redact_url(str(c["url"]))), _text(c.get("error")))
+            for c in cameras]
+    return format_table(headers, rows, right=(2, 3, 4, 5, 6, 7, 8, 9))
+
+
+def _mqtt_line(mqtt: dict | None) -> str:
+    if not mqtt:
+        return "mqtt: -"
+    link = "connected to" if mqtt.get("connected") else "DISCONNECTED from"
+    return (f"mqtt: {link} {_text(mqtt.get('broker'))}; queued {_text(mqtt.get('queued'))}, "
+            f"delivered {_text(mqtt.get('delivered'))}, dropped {_text(mqtt.get('dropped'))}")
+
+
+def format_status(status: dict) -> str:
+    """The readable summary `yoloedge-ctl status` prints."""
+    daemon = status.get("daemon") or {}
+    health = "healthy" if daemon.get("healthy") else "DEGRADED"
+    lines = [f"yoloedge {_text(daemon.get('version'))}: {_text(daemon.get('state'))} "
+             f"(pid {_text(daemon.get('pid'))}), up {format_duration(daemon.get('uptime_s'))}, {health}",
+             f"config: {_text(daemon.get('config'))} (generation {_text(daemon.get('generation'))})"]
+    if daemon.get("restart_needed_for"):
+        keys = ", ".join(map(str, daemon["restart_needed_for"]))
+        lines.append(f"restart needed to apply changes to: {keys}")
+    if daemon.get("config_error"):
+        lines += ["", "!! LAST RELOAD REJECTED, still running the previous config:",
+                  f"!! {daemon['config_error']}"]
+    accelerators, cameras = status.get("accelerators") or [], status.get("cameras") or []
+    lines += ["", "accelerators:"] + _indent(_accelerator_lines(accelerators) if accelerators else ["(none)"])
+    lines += ["", "cameras:"] + _indent(_camera_lines(cameras) if cameras else ["(none)"])
+    lines += ["", _mqtt_line(status.get("mqtt"))]
+    problems = daemon.get("problems") or []
+    lines += [""] + (["problems:"] + [f"  - {p}" for p in problems] if problems else ["problems: none"])
+    return "\n".join(lines)
+
+
+def _indent(lines: list[str]) -> list[str]:
+    return ["  " + line for line in lines]
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def _status(socket_path: str, timeout: float, as_json: bool) -> int:
+    reply = request(socket_path, {"cmd": "status"}, timeout=timeout)
+    if not reply.get("ok"):
+        print(f"yoloedge-ctl: the daemon could not report its status: {reply.get('error')}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    print(json.dumps(reply, indent=2) if as_json else format_status(reply))
+    return EXIT_OK if (reply.get("daemon") or {}).get("healthy") else EXIT_DEGRADED
+
+
+def _reload(socket_path: str, timeout: float) -> int:
+    reply = request(socket_path, {"cmd": "reload"}, timeout=timeout)
+    generation = _text(reply.get("generation"))
+    if not reply.get("ok"):
+        why = reply.get("config_error") or reply.get("error") or "no reason given"
+        print(f"yoloedge-ctl: reload rejected, still running generation {generation}:\n{why}",
+              file=sys.stderr)
+        return EXIT_DEGRADED
+    if reply.get("reloaded") is False:
+        print(f"reload requested; still running generation {generation} (see `yoloedge-ctl status`)")
+    else:
+        print(f"reloaded (generation {generation})")
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not os.path.exists(args.socket):
-        print(f"yoloedge is not running (no control socket at {args.socket})", file=sys.stderr)
+    try:
+        socket_path = args.socket or (socket_from_config(args.config) if args.config else DEFAULT_SOCKET)
+    except ConfigFileError as exc:
+        print(f"yoloedge-ctl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.command == "status":
+            return _status(socket_path, args.timeout or STATUS_TIMEOUT_S, args.json)
+        return _reload(socket_path, args.timeout or RELOAD_TIMEOUT_S)
+    except NotRunning as exc:
+        print(f"yoloedge-ctl: {exc}", file=sys.stderr)
         return EXIT_NOT_RUNNING
-    print("yoloedge-ctl: this build has no daemon control protocol yet", file=sys.stderr)
-    return EXIT_NOT_RUNNING
+    except PermissionDenied as exc:
+        print(f"yoloedge-ctl: {exc}", file=sys.stderr)
+        return EXIT_PERMISSION_DENIED
+    except ControlError as exc:
+        print(f"yoloedge-ctl: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
 
 
 if __name__ == "__main__":

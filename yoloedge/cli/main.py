@@ -7,7 +7,7 @@ import logging
 import sys
 
 from .. import __version__
-from . import bench, detect
+from . import bench, check, detect, run
 
 #: sysexits.h EX_USAGE-style codes used across the CLI.
 EXIT_OK = 0
@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    run.add_parser(sub)
+    check.add_parser(sub)
     detect.add_parser(sub)
     bench.add_parser(sub)
     return parser

@@ -1,8 +1,12 @@
 """Typed configuration objects, built once and passed down (no globals, no environment reads).
 
-The YAML loader (`yoloedge run -c`) fills these; `yoloedge detect` fills them from its flags.
+`loader.load_config(path, environ)` reads and validates the YAML file; `yoloedge detect` fills the
+model objects from its flags.
 """
 
-from .model import ModelConfig, OnnxRuntimeConfig, PROVIDERS
+from .model import PROVIDERS, ModelConfig, OnnxRuntimeConfig
+from .schema import (BACKENDS, AcceleratorConfig, CameraConfig, Config, ControlConfig, HealthConfig,
+                     LoggingConfig, MqttConfig, TlsConfig)
 
-__all__ = ["ModelConfig", "OnnxRuntimeConfig", "PROVIDERS"]
+__all__ = ["BACKENDS", "PROVIDERS", "AcceleratorConfig", "CameraConfig", "Config", "ControlConfig",
+           "HealthConfig", "LoggingConfig", "ModelConfig", "MqttConfig", "OnnxRuntimeConfig", "TlsConfig"]

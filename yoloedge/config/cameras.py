@@ -1,0 +1,147 @@
+"""The `cameras:` list: sources, how to read them, and what to publish.
+
+A url is rtsp(s)://, http(s):// (MJPEG), file:///path, /dev/videoN (or any /dev/ capture device),
+or a file or folder path. Camera files and folders are not checked for existence: media may be
+mounted or recorded later, and the source reports a missing file at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from .fields import (INVALID, Boolean, Context, Integer, Number, Text, did_you_mean, range_order_ok, read_fields,
+                     read_string_list, report_duplicate_names, sequence_or_report)
+from .schema import AcceleratorConfig, CameraConfig
+from .yamltree import Item
+
+#: URL schemes of sources that never end, so they cannot be read losslessly.
+LIVE_SCHEMES = ("rtsp", "rtsps", "http", "https")
+FILE_SCHEME = "file"
+UNSUPPORTED_SCHEME = ("use rtsp://, rtsps://, http://, https://, file://, /dev/videoN, "
+                      "or a file or folder path")
+
+
+def read_camera_url(ctx: Context, item: Item) -> Any:
+    """The source; a relative path is resolved from the config file's folder."""
+    url = Text()(ctx, item)
+    if url is INVALID:
+        return INVALID
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _local_path(ctx, item, url)
+    scheme = scheme.lower()
+    if scheme == FILE_SCHEME:
+        if not rest.startswith("/"):
+            return ctx.bad_value(item, "a file:// URL needs an absolute path", "e.g. file:///srv/videos/gate.mp4")
+        return url
+    if scheme not in LIVE_SCHEMES:
+        return ctx.bad_value(item, f"unsupported scheme {scheme}://: {UNSUPPORTED_SCHEME}")
+    return _network_url(ctx, item, url)
+
+
+def _local_path(ctx: Context, item: Item, url: str) -> Any:
+    if url.strip().isdigit():
+        return ctx.bad_value(item, "a camera index is not a source",
+                             f"write the device: url: /dev/video{url.strip()}")
+    return url if url.startswith("/dev/") else ctx.resolve_path(url)
+
+
+def _network_url(ctx: Context, item: Item, url: str) -> Any:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+    except ValueError as exc:
+        return ctx.bad_value(item, f"not a valid URL ({exc})")
+    if not parts.hostname:
+        return ctx.bad_value(item, "a host name is missing",
+                             "e.g. url: rtsp://user:${CAM_PASSWORD}@192.0.2.10/stream1")
+    return url
+
+
+def read_camera_classes(ctx: Context, item: Item) -> Any:
+    if item.value is None:
+        return None
+    names = read_string_list(ctx, item, "label names")
+    return INVALID if names is INVALID else tuple(names)
+
+
+CAMERA_FIELDS = {
+    "name": Text(topic_safe=True),
+    "url": read_camera_url,
+    "enabled": Boolean(),
+    "fps": Number(gt=0, optional=True, example=5),
+    "realtime": Boolean(optional=True),
+    "loop": Boolean(),
+    "classes": read_camera_classes,
+    "min_score": Number(ge=0, le=1, optional=True, example=0.5),
+    "open_timeout_s": Number(gt=0, example=10),
+    "read_timeout_s": Number(gt=0, example=10),
+    "backoff_initial_s": Number(gt=0, example=1),
+    "backoff_max_s": Number(gt=0, example=30),
+    "max_retries": Integer(ge=0, example=0),
+    "queue_size": Integer(ge=1, example=2),
+    "publish_empty": Boolean(),
+    "accelerator": Text(optional=True),
+}
+
+
+def read_cameras(ctx: Context, item: Item) -> Any:
+    if item.value is None:
+        return ()
+    children = sequence_or_report(ctx, item, "cameras")
+    if children is None:
+        return INVALID
+    cameras = [read_camera(ctx, child) for child in children]
+    report_duplicate_names(ctx, children, [_name_of(child) for child in children], "camera")
+    return INVALID if INVALID in cameras else tuple(cameras)
+
+
+def _name_of(item: Item) -> Any:
+    return item.value["name"].value if item.is_mapping and "name" in item.value else None
+
+
+def read_camera(ctx: Context, item: Item) -> Any:
+    values = read_fields(ctx, item, CAMERA_FIELDS, required=("name", "url"))
+    if values is None:
+        return INVALID
+    sound = "url" not in values or live_source_options_ok(ctx, item.value, values)
+    sound = range_order_ok(ctx, item.value, "backoff_initial_s", "backoff_max_s", values) and sound
+    if not sound or "name" not in values or "url" not in values:
+        return INVALID
+    return CameraConfig(**values)
+
+
+def is_live_url(url: str) -> bool:
+    """Network streams and capture devices (also as file:///dev/...) never end; files and folders do."""
+    scheme, sep, _ = url.partition("://")
+    if sep and scheme.lower() in LIVE_SCHEMES:
+        return True
+    path = urlsplit(url).path if sep else url
+    return path.startswith("/dev/")
+
+
+def live_source_options_ok(ctx: Context, entries: dict, values: dict) -> bool:
+    """`realtime: false` and `loop` only make sense for a source that ends."""
+    if not is_live_url(values["url"]):
+        return True
+    ok = True
+    if values.get("realtime") is False:
+        ctx.bad_value(entries["realtime"], "only for files and folders "
+                                           "(a live stream cannot wait for the accelerator)")
+        ok = False
+    if values.get("loop") is True:
+        ctx.bad_value(entries["loop"], "only for files and folders")
+        ok = False
+    return ok
+
+
+def check_camera_accelerators(ctx: Context, cameras: Item, accelerators: tuple[AcceleratorConfig, ...]) -> None:
+    """Run once the accelerators are valid, so the list of names is complete; works on the Items,
+    so a camera with other problems is still checked."""
+    names = [a.name for a in accelerators]
+    for camera in cameras.value if cameras.is_sequence else ():
+        ref = camera.value.get("accelerator") if camera.is_mapping else None
+        if ref is not None and isinstance(ref.value, str) and ref.value not in names:
+            ctx.bad_value(ref, f"names no accelerator; defined: {', '.join(names)}",
+                          did_you_mean(ref.value, names))

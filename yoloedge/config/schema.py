@@ -1,0 +1,118 @@
+"""The daemon's typed configuration. Built once by `config.loader` and passed down; immutable.
+
+Defaults here are the documented defaults; `etc/yoloedge/yoloedge.yaml` explains every key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .model import ModelConfig, OnnxRuntimeConfig
+
+BACKENDS = ("onnxruntime", "ascend", "tensorrt")
+
+
+@dataclass(frozen=True)
+class AcceleratorConfig:
+    """One group of identical devices running the model; one worker thread per device."""
+
+    backend: str = "onnxruntime"  # onnxruntime | ascend | tensorrt | "package.module:Class"
+    devices: tuple[int, ...] = (0,)
+    batch: int = 1  # most frames per inference (a dynamic-batch model may run fewer)
+    batch_timeout_ms: float = 10.0  # how long a partial batch waits for more frames
+    #: an inference running longer than this marks the worker hung (no watchdog pings).
+    inference_timeout_s: float = 10.0
+    #: consecutive failed inferences after which the worker is reported unhealthy.
+    max_consecutive_errors: int = 5
+    onnxruntime: OnnxRuntimeConfig = field(default_factory=OnnxRuntimeConfig)
+    #: backend-specific settings for other backends (e.g. the `ascend:` section).
+    options: Mapping[str, object] = field(default_factory=dict)
+    name: str = ""  # for status and logs; defaults to "<backend><index>"
+
+
+@dataclass(frozen=True)
+class CameraConfig:
+    name: str
+    url: str  # rtsp(s)://, http(s)://, file path or file://, /dev/videoN, image folder
+    enabled: bool = True
+    #: frames per second to process; None: every frame the source delivers.
+    fps: float | None = None
+    #: False (files only): process every frame, lossless, as fast as the accelerator allows.
+    #: None: True for live sources, and for files pace playback at the file's frame rate.
+    realtime: bool | None = None
+    loop: bool = False  # files and folders: start again at the end
+    classes: tuple[str, ...] | None = None  # publish only these labels
+    min_score: float | None = None  # publish only detections at least this confident
+    open_timeout_s: float = 10.0
+    read_timeout_s: float = 10.0
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 30.0
+    #: consecutive failed connection attempts after which the camera is marked failed; 0: never.
+    max_retries: int = 0
+    queue_size: int = 2  # frames buffered between reader and accelerator (live: keep latest)
+    publish_empty: bool = True  # publish frames with no detections
+    accelerator: str | None = None  # accelerator name; None: the first
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    ca_certs: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    insecure: bool = False  # skip hostname verification (testing only)
+
+
+@dataclass(frozen=True)
+class MqttConfig:
+    host: str = "localhost"
+    port: int = 1883
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)  # never in a repr or a log line
+    tls: TlsConfig | None = None
+    topic_prefix: str = "yoloedge"
+    qos: int = 1
+    client_id: str | None = None  # default: yoloedge-<device_id>
+    keepalive_s: int = 30
+    #: messages held while the broker is unreachable; beyond this they are dropped and counted.
+    queue_limit: int = 10000
+    stats_interval_s: float = 10.0
+    reconnect_min_s: float = 1.0
+    reconnect_max_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    #: a camera with no good frame for this long is stalled and reconnected.
+    stall_timeout_s: float = 10.0
+    #: send WATCHDOG=1 to systemd (when WatchdogSec= is set) while every worker makes progress.
+    watchdog: bool = True
+    status_interval_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    socket: str = "/run/yoloedge/control.sock"
+    mode: int = 0o660
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str = "info"  # debug | info | warning | error
+    #: auto: journald when started by systemd (JOURNAL_STREAM), else stderr.
+    target: str = "auto"  # auto | journald | stderr
+
+
+@dataclass(frozen=True)
+class Config:
+    device_id: str
+    model: ModelConfig
+    accelerators: tuple[AcceleratorConfig, ...]
+    cameras: tuple[CameraConfig, ...] = ()
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    shutdown_timeout_s: float = 10.0
+    #: the file this was loaded from (for status and reload)
+    source: str = ""

@@ -1,0 +1,96 @@
+"""Client side of the control socket (see `control.server` for the protocol).
+
+Socket errors are turned into exceptions that say what the user should do: "not running"
+and "not permitted" are the two everyday cases, and a raw `[Errno 13]` explains neither.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+from ..errors import YoloedgeError
+
+#: largest reply accepted; a status report with hundreds of cameras stays far below it.
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+
+
+class ControlError(YoloedgeError):
+    """The daemon could not be asked, or its answer made no sense."""
+
+
+class NotRunning(ControlError):
+    """No daemon listens on the control socket (file missing, or nobody accepting)."""
+
+
+class PermissionDenied(ControlError):
+    """The socket (or a directory above it) is not accessible to this user."""
+
+
+def request(path: str, payload: dict, timeout: float = 5.0) -> dict:
+    """Send `payload` as one JSON line to the daemon at `path`; return its JSON reply.
+
+    Raises NotRunning, PermissionDenied, or ControlError (no reply in `timeout` seconds,
+    malformed reply).
+    """
+    line = json.dumps(payload).encode("utf-8") + b"\n"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        _connect(sock, path)
+        try:
+            sock.sendall(line)
+            reply = _read_line(sock)
+        except socket.timeout as exc:
+            raise ControlError(f"yoloedge did not answer on {path} within {timeout:g} s") from exc
+        except OSError as exc:
+            raise ControlError(f"lost the connection to yoloedge at {path}: {exc}") from exc
+    return _decode(reply, path)
+
+
+def _connect(sock: socket.socket, path: str) -> None:
+    """Connect, translating the errors a user meets into actionable messages."""
+    try:
+        sock.connect(path)
+    except FileNotFoundError as exc:
+        raise NotRunning(f"yoloedge is not running (no control socket at {path})") from exc
+    except ConnectionRefusedError as exc:
+        raise NotRunning(f"yoloedge is not running (nothing accepts connections on {path})") from exc
+    except PermissionError as exc:
+        raise PermissionDenied(
+            f"access to the yoloedge control socket {path} not permitted: "
+            "add your user to the 'yoloedge' group or use sudo") from exc
+    except socket.timeout as exc:
+        raise ControlError(f"yoloedge did not accept the connection on {path} in time") from exc
+    except OSError as exc:
+        raise ControlError(f"cannot connect to the yoloedge control socket {path}: {exc}") from exc
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    """Read up to the first newline (the protocol's reply terminator) or EOF."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        newline = chunk.find(b"\n")
+        if newline >= 0:
+            chunks.append(chunk[:newline])
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_REPLY_BYTES:
+            raise ControlError(f"reply from yoloedge is larger than {MAX_REPLY_BYTES} bytes")
+    return b"".join(chunks)
+
+
+def _decode(reply: bytes, path: str) -> dict:
+    if not reply:
+        raise ControlError(f"yoloedge closed the connection on {path} without answering")
+    try:
+        decoded = json.loads(reply)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ControlError(f"malformed reply from yoloedge on {path}: {exc}") from exc
+    if not isinstance(decoded, dict):
+        raise ControlError(f"malformed reply from yoloedge on {path}: not a JSON object")
+    return decoded

@@ -1,0 +1,447 @@
+"""`yoloedge run`: the long-running daemon, from start-up to a staged, bounded shutdown.
+
+Start-up order: control socket (so `yoloedge-ctl status` answers while models load), MQTT
+(connects in the background), accelerators (load + warm up every model), then READY=1 and
+`online`, then the cameras. Shutdown reverses it: stop the readers, drain what is queued
+(bounded by `shutdown_timeout_s`), stop the device workers (each frees its device on its own
+thread), stop post-processing, publish `stopped`, disconnect, close the socket.
+
+Signal handlers only set flags; the main loop acts on them. SIGHUP reloads the configuration:
+cameras and MQTT settings change without touching models or devices; an invalid file is
+rejected and the running configuration stays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Mapping
+
+from . import __version__
+from .config.errors import ConfigError
+from .config.loader import load_config
+from .config.schema import CameraConfig, Config
+from .control.server import ControlServer
+from .health.notify import SystemdNotifier, watchdog_interval_s
+from .health.progress import ProgressTracker
+from .pipeline.cameras import LOSSLESS_DEPTH_PER_BATCH, CameraRuntime, is_lossless
+from .pipeline.frames import Frame
+from .pipeline.groups import AcceleratorGroup
+from .postprocess import Detections
+from .publish.messages import camera_state_message, detection_message, filter_detections
+from .publish.mqtt import MqttPublisher
+from .sources.reader import CameraReader
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+TICK_S = 0.1
+
+
+def accelerator_names(config: Config) -> list[str]:
+    return [a.name or f"{a.backend.split(':')[-1].lower()}{i}" for i, a in enumerate(config.accelerators)]
+
+
+class Daemon:
+    def __init__(self, config: Config, config_path: str, environ: Mapping[str, str]):
+        self.config = config
+        self.config_path = config_path
+        self.environ = dict(environ)
+        self.notifier = SystemdNotifier(environ.get("NOTIFY_SOCKET"))
+        self.tracker = ProgressTracker()
+        self.state = "starting"
+        self.started_mono = time.monotonic()
+        self.generation = 1
+        self.config_error: str | None = None
+        self.ignored_changes: list[str] = []
+        self.groups: dict[str, AcceleratorGroup] = {}
+        self.cameras: dict[str, CameraRuntime] = {}
+        self.publisher: MqttPublisher | None = None
+        self.control: ControlServer | None = None
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._reload_done = threading.Condition()
+        self._signals = 0
+        self._lock = threading.RLock()  # guards cameras/publisher against the control thread
+
+    # -- public entry ------------------------------------------------------------------------
+    def run(self) -> int:
+        self._install_signal_handlers()
+        try:
+            return self._run()
+        finally:
+            self._shutdown()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+
+    # -- signals -----------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, lambda signum, frame: self._reload.set())
+
+    def _on_stop_signal(self, signum, frame) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            os.write(2, b"yoloedge: second signal, exiting immediately\n")
+            os._exit(EXIT_FAILURE)
+        self._stop.set()
+
+    # -- start-up ----------------------------------------------------------------------------
+    def _run(self) -> int:
+        cfg = self.config
+        log.info("yoloedge %s starting: config %s, device_id %s", __version__, self.config_path, cfg.device_id)
+        self.notifier.status("starting: loading models")
+        self._start_control()
+        self._start_publisher(cfg)
+        if not self._start_accelerators(cfg):
+            return EXIT_FAILURE
+        if self._stop.is_set():
+            return EXIT_OK
+        for camera in cfg.cameras:
+            self._add_camera(camera)
+        self.state = "running"
+        self.publisher.set_status("online")
+        self.notifier.ready(self._status_line())
+        log.info("ready: %d accelerator device(s), %d camera(s)",
+                 sum(len(g.running_workers) for g in self.groups.values()), len(self.cameras))
+        self._main_loop()
+        return EXIT_OK
+
+    def _start_control(self) -> None:
+        path = self.config.control.socket
+        try:
+            self.control = ControlServer(path, self.config.control.mode, self._handle_control)
+            self.control.start()
+        except OSError as exc:
+            log.error("control socket %s unavailable (%s); yoloedge-ctl will not reach this daemon", path, exc)
+            self.control = None
+
+    def _start_publisher(self, cfg: Config) -> None:
+        self.publisher = MqttPublisher(cfg.mqtt, cfg.device_id, __version__)
+        self.publisher.start()
+
+    def _start_accelerators(self, cfg: Config) -> bool:
+        for name, acc in zip(accelerator_names(cfg), cfg.accelerators):
+            group = AcceleratorGroup(name, acc, cfg.model, self.tracker, self._on_result)
+            self.groups[name] = group
+            group.start()
+        for group in self.groups.values():
+            group.wait_ready(self._stop)
+        failed = [w for g in self.groups.values() for w in g.workers if w.state == "failed"]
+        for w in failed:
+            log.error("accelerator %s failed to start: %s", w.worker_name, w.startup_error)
+        if all(not g.running_workers for g in self.groups.values()) and not self._stop.is_set():
+            message = "; ".join(f"{w.worker_name}: {w.startup_error}" for w in failed) or "no devices"
+            log.critical("no accelerator could load the model, giving up: %s", message)
+            self.notifier.status(f"failed: {message}"[:200])
+            return False
+        return True
+
+    # -- cameras -----------------------------------------------------------------------------
+    def _group_for(self, camera: CameraConfig) -> AcceleratorGroup:
+        name = camera.accelerator or next(iter(self.groups))
+        return self.groups[name]
+
+    def _add_camera(self, camera: CameraConfig) -> None:
+        group = self._group_for(camera)
+        queue = reader = None
+        if camera.enabled:
+            lossless = is_lossless(camera)
+            size = max(camera.queue_size, LOSSLESS_DEPTH_PER_BATCH * group.config.batch) if lossless \
+                else camera.queue_size
+            queue = group.batcher.add_camera(camera.name, size, lossless)
+            reader = CameraReader(camera, queue, self.config.health.stall_timeout_s, self._on_camera_state)
+        runtime = CameraRuntime(camera, group.name, queue, reader)
+        with self._lock:
+            self.cameras[camera.name] = runtime
+        if reader is None:
+            self._on_camera_state(camera.name, "disabled", "enabled: false")
+        runtime.start()
+
+    def _remove_camera(self, name: str, clear_state: bool = True) -> None:
+        with self._lock:
+            runtime = self.cameras.pop(name, None)
+        if runtime is None:
+            return
+        runtime.stop()
+        if not runtime.join(self.config.shutdown_timeout_s):
+            log.warning("camera %s reader did not stop in time", name, extra={"camera": name})
+        dropped = self.groups[runtime.group].batcher.remove_camera(name)
+        if dropped:
+            log.info("camera %s removed with %d queued frame(s) discarded", name, dropped, extra={"camera": name})
+        if clear_state and self.publisher is not None:
+            self.publisher.clear_camera(name)
+
+    def _on_camera_state(self, camera: str, state, reason: str | None) -> None:
+        state_name = getattr(state, "value", state)
+        publisher = self.publisher
+        if publisher is not None:
+            publisher.publish_camera_state(camera, camera_state_message(camera, str(state_name), reason, time.time()))
+
+    # -- results -----------------------------------------------------------------------------
+    def _on_result(self, frame: Frame, dets: Detections, detector) -> None:
+        runtime = self.cameras.get(frame.camera)
+        if runtime is None:  # removed by a reload while its frames were in flight
+            return
+        cam = runtime.config
+        classes = frozenset(cam.classes) if cam.classes is not None else None
+        dets = filter_detections(dets, detector.labels, classes, cam.min_score)
+        if not len(dets) and not cam.publish_empty:
+            return
+        latency_ms = (time.monotonic() - frame.capture_mono) * 1000
+        message = detection_message(frame.camera, frame.seq, frame.capture_time, dets, detector.labels,
+                                    Path(self.config.model.path).name, latency_ms)
+        if self.publisher.publish_detections(frame.camera, message):
+            runtime.published_frames += 1
+            runtime.published.mark()
+            runtime.latency_ms.add(latency_ms)
+        else:
+            runtime.publish_failures += 1
+
+    # -- main loop ---------------------------------------------------------------------------
+    def _main_loop(self) -> None:
+        watchdog_every = watchdog_interval_s(self.environ, os.getpid()) if self.config.health.watchdog else None
+        last_ping = last_status = last_stats = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if self._reload.is_set():
+                self._reload.clear()
+                self._do_reload()
+            problems = self.tracker.check()
+            if watchdog_every and now - last_ping >= watchdog_every:
+                if not problems:
+                    self.notifier.watchdog()
+                    last_ping = now
+                elif now - last_ping >= watchdog_every * 2:
+                    log.error("not petting the systemd watchdog: %s", "; ".join(problems))
+            if now - last_status >= self.config.health.status_interval_s:
+                self.notifier.status(self._status_line())
+                last_status = now
+            if now - last_stats >= self.config.mqtt.stats_interval_s:
+                self.publisher.publish_stats(self._stats_message())
+                last_stats = now
+            self._stop.wait(TICK_S)
+
+    def _status_line(self) -> str:
+        cams = [c.status() for c in self.cameras.values()]
+        streaming = sum(1 for c in cams if c["state"] == "streaming")
+        enabled = sum(1 for c in self.cameras.values() if c.config.enabled)
+        rate = sum(w.frames_done.rate() for g in self.groups.values() for w in g.workers)
+        mqtt = "connected" if self.publisher and self.publisher.stats().get("connected") else "disconnected"
+        problems = self.tracker.check()
+        health = f", PROBLEM: {problems[0]}" if problems else ""
+        return (f"{self.state}: {streaming}/{enabled} cameras streaming, {rate:.1f} frames/s, "
+                f"mqtt {mqtt}{health}")
+
+    # -- reload ------------------------------------------------------------------------------
+    def _do_reload(self) -> None:
+        self.state = "reloading"
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config_path, self.environ)
+            self._check_reloadable(new)
+        except ConfigError as exc:
+            self.config_error = str(exc)
+            log.error("reload rejected, keeping the running configuration (generation %d):\n%s",
+                      self.generation, exc)
+        else:
+            self._apply(new)
+            self.generation += 1
+            self.config_error = None
+            log.info("configuration reloaded: generation %d", self.generation)
+        self.state = "running"
+        self.notifier.ready(self._status_line())
+        with self._reload_done:
+            self._reload_done.notify_all()
+
+    def _check_reloadable(self, new: Config) -> None:
+        unknown = [c.name for c in new.cameras if c.accelerator and c.accelerator not in self.groups]
+        if unknown:
+            from .config.errors import ConfigIssue
+
+            raise ConfigError([ConfigIssue(self.config_path, 0, 0, "cameras", None,
+                                           f"camera(s) {', '.join(unknown)} name an accelerator that is not "
+                                           f"running; accelerators change only on restart", None)])
+
+    def _apply(self, new: Config) -> None:
+        old = self.config
+        self.ignored_changes = [key for key in ("device_id", "model", "accelerators", "control")
+                                if getattr(new, key) != getattr(old, key)]
+        if self.ignored_changes:
+            log.warning("reload: %s changed; restart the service to apply (kept running as before)",
+                        ", ".join(self.ignored_changes))
+        if new.mqtt != old.mqtt:
+            self._replace_publisher(new)
+        self.config = dataclasses.replace(new, device_id=old.device_id, model=old.model,
+                                          accelerators=old.accelerators, control=old.control)
+        self._apply_cameras(old.cameras, new.cameras)
+
+    def _apply_cameras(self, old: tuple[CameraConfig, ...], new: tuple[CameraConfig, ...]) -> None:
+        before = {c.name: c for c in old}
+        after = {c.name: c for c in new}
+        for name in before.keys() - after.keys():
+            log.info("reload: removing camera %s", name, extra={"camera": name})
+            self._remove_camera(name)
+        for name, cam in after.items():
+            if name in before and before[name] != cam:
+                log.info("reload: restarting camera %s with its new settings", name, extra={"camera": name})
+                self._remove_camera(name, clear_state=False)
+                self._add_camera(cam)
+            elif name not in before:
+                log.info("reload: adding camera %s", name, extra={"camera": name})
+                self._add_camera(cam)
+
+    def _replace_publisher(self, new: Config) -> None:
+        log.info("reload: MQTT settings changed, reconnecting")
+        # The old client goes first: both would use the same client id, and the broker would
+        # bounce the connection between them (and fire the Last Will) while both lived.
+        old = self.publisher
+        if old is not None:
+            old.stop(timeout_s=5.0, final_status=None)
+        fresh = MqttPublisher(new.mqtt, self.config.device_id, __version__)
+        fresh.start()
+        fresh.set_status("online")
+        self.publisher = fresh
+
+    # -- control socket ----------------------------------------------------------------------
+    def _handle_control(self, request: dict) -> dict:
+        cmd = request.get("cmd")
+        if cmd == "status":
+            return self.status()
+        if cmd == "reload":
+            generation = self.generation
+            with self._reload_done:
+                self._reload.set()
+                self._reload_done.wait(30)
+            return {"ok": self.config_error is None, "generation": self.generation,
+                    "reloaded": self.generation != generation, "config_error": self.config_error}
+        return {"ok": False, "error": f"unknown command {cmd!r} (status, reload)"}
+
+    def status(self) -> dict:
+        problems = self._problems()
+        with self._lock:
+            cameras = [c.status() for c in self.cameras.values()]
+        accelerators = []
+        for group in self.groups.values():
+            for w in group.workers:
+                entry = w.status()
+                entry["accelerator"] = group.name
+                entry["healthy"] = w.state == "running" and not any(p.startswith(w.worker_name) for p in problems)
+                accelerators.append(entry)
+        mqtt = self.publisher.stats() if self.publisher else {}
+        return {
+            "ok": True,
+            "daemon": {
+                "state": self.state,
+                "pid": os.getpid(),
+                "version": __version__,
+                "device_id": self.config.device_id,
+                "uptime_s": round(time.monotonic() - self.started_mono, 1),
+                "config": self.config_path,
+                "generation": self.generation,
+                "config_error": self.config_error,
+                "restart_needed_for": self.ignored_changes,
+                "healthy": not problems,
+                "problems": problems,
+            },
+            "accelerators": accelerators,
+            "cameras": cameras,
+            "mqtt": mqtt,
+        }
+
+    def _problems(self) -> list[str]:
+        problems = list(self.tracker.check())
+        for group in self.groups.values():
+            for w in group.workers:
+                if w.state == "failed":
+                    problems.append(f"{w.worker_name}: failed to start: {w.startup_error}")
+        with self._lock:
+            for cam in self.cameras.values():
+                state = cam.status()["state"]
+                if cam.config.enabled and state in ("stalled", "backoff", "failed", "connecting"):
+                    problems.append(f"camera {cam.name}: {state}")
+        if self.publisher is not None and not self.publisher.stats().get("connected"):
+            problems.append("mqtt: not connected to the broker")
+        if self.config_error:
+            problems.append("the last reload was rejected (configuration error)")
+        return problems
+
+    def _stats_message(self) -> dict:
+        status = self.status()
+        return {"v": 1, "ts": time.time(), "uptime_s": status["daemon"]["uptime_s"],
+                "healthy": status["daemon"]["healthy"], "accelerators": status["accelerators"],
+                "cameras": status["cameras"], "mqtt": status["mqtt"]}
+
+    # -- shutdown ----------------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        """Staged and bounded; safe to call after a partial start-up."""
+        if self.state == "stopped":
+            return
+        self.state = "stopping"
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        self.notifier.stopping("stopping: draining")
+        log.info("stopping: readers, then draining queued frames (up to %.1f s)", self.config.shutdown_timeout_s)
+        with self._lock:
+            cameras = list(self.cameras.values())
+        for cam in cameras:
+            cam.stop()
+        for cam in cameras:
+            cam.join(max(0.1, deadline - time.monotonic()))
+        self._drain(deadline)
+        self._wait_for_captures(cameras, deadline)
+        for group in self.groups.values():
+            group.stop_workers(max(0.5, deadline - time.monotonic()))
+        for group in self.groups.values():
+            group.stop_post(max(0.5, deadline - time.monotonic()))
+        if self.publisher is not None:
+            self.publisher.stop(timeout_s=max(1.0, deadline - time.monotonic()), final_status="stopped")
+        if self.control is not None:
+            self.control.stop()
+        self.state = "stopped"
+        log.info("stopped")
+
+    @staticmethod
+    def _wait_for_captures(cameras: list[CameraRuntime], deadline: float) -> None:
+        """Let capture threads leave OpenCV: a thread killed inside FFmpeg at exit aborts the process."""
+        while time.monotonic() < deadline and any(c.open_captures() for c in cameras):
+            time.sleep(0.05)
+
+    def _drain(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if not any(g.busy() for g in self.groups.values() if g.running_workers):
+                return
+            time.sleep(0.05)
+        left = sum(g.batcher.depth() for g in self.groups.values())
+        log.warning("shutdown timeout reached with %d frame(s) still queued", left)
+
+
+def run_daemon(config_path: str, environ: Mapping[str, str]) -> int:
+    """Load the configuration (exit 78 on any error, before touching a device) and run."""
+    from .health.logsetup import setup_logging
+
+    try:
+        config = load_config(config_path, environ)
+    except ConfigError as exc:
+        print(f"yoloedge: configuration error, not starting:\n{exc}", flush=True, file=sys.stderr)
+        return 78
+    setup_logging(config.logging, environ)
+    code = Daemon(config, config_path, environ).run()
+    # Everything is released; a capture thread may still sit in a frozen camera's read until its
+    # timeout. Interpreter finalisation would tear it down inside FFmpeg's C++ code and abort
+    # the process, so leave without finalising once our own shutdown is complete.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

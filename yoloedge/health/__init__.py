@@ -1,0 +1,1 @@
+"""Daemon health: systemd notification, worker progress for the watchdog, and log setup."""

@@ -1,0 +1,1 @@
+"""Cameras -> bounded queues -> batcher -> device workers -> post-processing -> publishing."""

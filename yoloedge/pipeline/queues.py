@@ -1,0 +1,80 @@
+"""Bounded per-camera frame queues with an explicit overflow policy.
+
+* keep-latest (live cameras): a full queue drops its oldest frame, so inference always sees the
+  newest picture and a slow accelerator never builds up latency; drops are counted.
+* lossless (files with `realtime: false`): a full queue blocks the reader until there is room,
+  so every frame is processed exactly once.
+
+All queues of one accelerator share a `threading.Condition`, so the batcher can sleep until any
+camera has a frame.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+from .frames import Frame
+
+
+class QueueClosed(Exception):
+    """Raised by a blocking put on a queue that was closed (the camera is being removed)."""
+
+
+class FrameQueue:
+    def __init__(self, camera: str, maxsize: int, lossless: bool, wakeup: threading.Condition):
+        if maxsize < 1:
+            raise ValueError("queue size must be at least 1")
+        self.camera = camera
+        self.maxsize = maxsize
+        self.lossless = lossless
+        self._cond = wakeup
+        self._items: collections.deque[Frame] = collections.deque()
+        self._closed = False
+        self.dropped = 0
+        self.put_count = 0
+
+    def put(self, frame: Frame, timeout: float | None = None) -> bool:
+        """Queue a frame. Keep-latest never blocks; lossless blocks until room, `timeout`
+        (returns False) or close (raises QueueClosed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            if self.lossless:
+                while len(self._items) >= self.maxsize and not self._closed:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    self._cond.wait(remaining)
+                if self._closed:
+                    raise QueueClosed(self.camera)
+            elif self._closed:
+                raise QueueClosed(self.camera)
+            elif len(self._items) >= self.maxsize:
+                self._items.popleft()
+                self.dropped += 1
+            self._items.append(frame)
+            self.put_count += 1
+            self._cond.notify_all()
+            return True
+
+    def get_nowait(self) -> Frame | None:
+        """Take the oldest frame (caller holds the shared condition)."""
+        if not self._items:
+            return None
+        frame = self._items.popleft()
+        if self.lossless:
+            self._cond.notify_all()  # a blocked reader may continue
+        return frame
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

@@ -1,0 +1,52 @@
+"""Payloads of the MQTT messages the pipeline publishes (documented in docs/mqtt.md)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Sequence
+
+import numpy as np
+
+from ..postprocess import Detections
+
+SCHEMA_VERSION = 1
+
+
+def iso_utc(ts: float) -> str:
+    """UTC ISO-8601 with milliseconds, e.g. 2026-11-29T19:38:21.123Z."""
+    when = _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+
+
+def filter_detections(dets: Detections, labels: Sequence[str], classes: frozenset[str] | None,
+                      min_score: float | None) -> Detections:
+    """Apply a camera's own filters (on top of the model's thresholds)."""
+    keep = np.ones(len(dets), bool)
+    if classes is not None:
+        names = np.array([labels[c] if 0 <= c < len(labels) else f"class{c}" for c in dets.class_ids.tolist()],
+                         dtype=object)
+        keep &= np.isin(names, list(classes)) if len(names) else keep
+    if min_score is not None:
+        keep &= dets.scores >= min_score
+    if keep.all():
+        return dets
+    return Detections(dets.boxes[keep], dets.scores[keep], dets.class_ids[keep], dets.width, dets.height)
+
+
+def detection_message(camera: str, seq: int, capture_time: float, dets: Detections,
+                      labels: Sequence[str], model: str, latency_ms: float) -> dict:
+    return {
+        "v": SCHEMA_VERSION,
+        "camera": camera,
+        "frame": seq,
+        "ts": iso_utc(capture_time),
+        "width": dets.width,
+        "height": dets.height,
+        "model": model,
+        "latency_ms": round(latency_ms, 1),
+        "detections": dets.to_dicts(labels),
+    }
+
+
+def camera_state_message(camera: str, state: str, reason: str | None, ts: float) -> dict:
+    return {"v": SCHEMA_VERSION, "camera": camera, "state": state, "reason": reason, "ts": iso_utc(ts)}

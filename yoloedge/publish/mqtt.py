@@ -1,0 +1,534 @@
+"""Publishes detections, camera states, stats and the device status to an MQTT broker.
+
+Design (the why behind the code below; docs/mqtt.md has the topics and payloads):
+
+* Protocol MQTT 3.1.1 with a clean session. Every broker speaks it (mosquitto, EMQX, HiveMQ,
+  cloud IoT brokers, the pure-Python amqtt used as a test fallback), and nothing here needs a
+  v5 feature: we only publish, and the broker-side session would hold nothing for us.
+* Nothing touches the network before `start()`; `start()` never blocks: paho's network thread
+  (`connect_async` + `loop_start`) connects and keeps retrying with exponential back-off between
+  `reconnect_min_s` and `reconnect_max_s`, so a broker that is down at boot is not fatal.
+* Ordering and "never twice". While we are not connected, QoS >= 1 messages wait in our own
+  bounded outbox, never in paho. On every successful CONNACK (in `on_connect`, which paho calls
+  *before* it re-sends its own unacknowledged messages) we take paho's unacknowledged messages
+  back with `drop_out_messages()` and hand them, then the outbox, to paho again, in their
+  original order; only then are new messages let through. Each message is therefore in exactly
+  one place, and on the wire once per connection. (A message the broker received just before the
+  connection died but whose PUBACK we never saw goes out again: that is QoS 1's at-least-once,
+  the same thing paho's DUP re-send does.) Letting paho replay by itself would send a message
+  published between TCP connect and CONNACK, or during `on_connect`, ahead of older ones.
+* Bounded: messages in the outbox plus messages handed to paho and not yet acknowledged never
+  exceed `queue_limit`; past that, `publish()` returns False and the drop is counted and logged
+  (rate-limited). Status messages are exempt: they are few, and the daemon's last word.
+  QoS 0 messages are never queued: while disconnected they are dropped (and counted).
+* Delivery is tracked with `on_publish` (mid -> delivered), not `wait_for_publish()`, which
+  raises for messages published while disconnected.
+* Status: retained, QoS 1, on `{prefix}/{device_id}/status`; the Last Will says "offline". The
+  current status is re-published after every reconnect unless it is still waiting to go out,
+  because the broker may have published our Last Will (or lost its retained messages on a
+  restart) while we were away. `stop()` disconnects cleanly, so the broker discards the Will.
+
+Locks: `_send_lock` (re-entrant) serialises everything that hands messages to paho, including
+the replay in `on_connect`. `_lock` guards counters and queues; it is a leaf lock: it is never
+held while calling into paho, because paho holds its own locks while calling our callbacks.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import logging
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+
+from ..config.schema import MqttConfig
+from .topics import Topics
+
+logger = logging.getLogger(__name__)
+
+#: protocol version used for every connection (see the module docstring for why).
+PROTOCOL = mqtt.MQTTv311
+STATUS_QOS = 1
+#: at most one "dropped messages" warning per this many seconds; the rest are summed into it.
+DROP_LOG_INTERVAL_S = 10.0
+#: a connection error that persists is logged as a warning again after this many seconds.
+ERROR_REPEAT_LOG_S = 300.0
+#: the longest part of a stop() timeout kept for the clean disconnect after waiting for delivery.
+DISCONNECT_RESERVE_S = 1.0
+#: paho numbers unacknowledged messages with 16-bit MQTT packet ids (at most 65535 at once); the
+#: margin leaves room for status messages, which bypass the limit.
+MAX_QUEUE_LIMIT = 65000
+_MAX_TOPIC_BYTES = 65535
+_MAX_PAYLOAD_BYTES = 268435455
+
+
+def utc_timestamp(t: float | None = None) -> str:
+    """UTC ISO-8601 with milliseconds and a Z, e.g. 2026-11-29T19:38:21.123Z (`t`: epoch s)."""
+    dt = datetime.now(timezone.utc) if t is None else datetime.fromtimestamp(t, timezone.utc)
+    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _json_default(obj: Any) -> Any:
+    """Let numpy scalars and arrays (the pipeline's natural types) serialise as plain JSON."""
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def encode_payload(payload: Any) -> bytes:
+    """bytes as is, str as UTF-8, None as empty, anything else as compact UTF-8 JSON.
+
+    NaN and infinity are refused (ValueError): they are not JSON, and many consumers'
+    parsers (JavaScript's JSON.parse) reject the whole message.
+    """
+    if payload is None:
+        return b""
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, (bytearray, memoryview)):
+        return bytes(payload)
+    if isinstance(payload, str):
+        return payload.encode("utf-8")
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                      default=_json_default)
+    return text.encode("utf-8")
+
+
+def _check_topic(topic: str) -> None:
+    """Refuse a topic paho would refuse, here, before it can sit in the outbox."""
+    if not isinstance(topic, str) or not topic:
+        raise ValueError(f"invalid MQTT topic {topic!r}: must be a non-empty string")
+    if "+" in topic or "#" in topic:
+        raise ValueError(f"invalid MQTT topic {topic!r}: wildcards cannot be published to")
+    if len(topic.encode("utf-8")) > _MAX_TOPIC_BYTES:
+        raise ValueError(f"MQTT topic longer than {_MAX_TOPIC_BYTES} bytes")
+
+
+@dataclass(frozen=True)
+class _Outgoing:
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+
+
+def _callback(method: Callable[..., None]) -> Callable[..., None]:
+    """Wrap a paho callback: an exception escaping one ends paho's network thread, after which
+    the daemon would never publish again. It is logged with its traceback and kept in
+    stats()["last_error"] instead."""
+
+    @functools.wraps(method)
+    def wrapper(self: "MqttPublisher", *args: Any) -> None:
+        try:
+            method(self, *args)
+        except Exception as exc:  # noqa: BLE001 - logged with traceback and reported in stats
+            logger.exception("MQTT: internal error in %s", method.__name__)
+            with self._lock:
+                self._last_error = f"internal error in {method.__name__}: {exc!r}"
+
+    return wrapper
+
+
+class MqttPublisher:
+    """One MQTT connection for the whole daemon; thread-safe (any thread may publish)."""
+
+    def __init__(self, config: MqttConfig, device_id: str, version: str):
+        _check_config(config)
+        self._config = config
+        self._device_id = device_id
+        self._version = version
+        self.topics = Topics(config.topic_prefix, device_id)
+        self.client_id = config.client_id or f"yoloedge-{device_id}"
+        self.broker = f"{config.host}:{config.port}"
+        self._client: mqtt.Client | None = None
+        self._send_lock = threading.RLock()
+        self._lock = threading.Condition(threading.Lock())
+        # guarded by _lock:
+        self._outbox: collections.deque[_Outgoing] = collections.deque()
+        self._pending: set[int] = set()  # mids handed to paho, not yet acknowledged
+        self._early_acks: set[int] = set()
+        self._in_publish_call = False
+        self._ready = False  # connected and replay done: new messages may go straight to paho
+        self._connected = False
+        self._connects = 0
+        self._reconnects = 0
+        self._published = 0
+        self._delivered = 0
+        self._dropped = 0
+        self._drops_unlogged = 0
+        self._last_drop_log: float | None = None
+        self._last_error: str | None = None
+        self._error_logged: str | None = None  # last error warned about since the last connect
+        self._error_logged_at = 0.0
+        self._status: str | None = None
+        self._stop_requested = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start connecting in the background and return at once; retries until stop()."""
+        with self._send_lock:
+            if self._client is not None or self._stop_requested:
+                raise RuntimeError("MqttPublisher.start() may be called once, before stop()")
+            self._client = self._make_client()
+        cfg = self._config
+        logger.info("MQTT: connecting to %s as %r (user=%s, password=%s, tls=%s, qos=%d, "
+                    "queue_limit=%d)", self.broker, self.client_id, cfg.username,
+                    "***" if cfg.password else None, cfg.tls is not None, cfg.qos, cfg.queue_limit)
+        self._client.connect_async(cfg.host, cfg.port, keepalive=cfg.keepalive_s)
+        self._client.loop_start()
+
+    def _make_client(self) -> mqtt.Client:
+        """Build the paho client: credentials, TLS, Last Will, back-off and our callbacks."""
+        cfg = self._config
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                             clean_session=True, protocol=PROTOCOL)
+        if cfg.username is not None:
+            client.username_pw_set(cfg.username, cfg.password)
+        if cfg.tls is not None:
+            client.tls_set(ca_certs=cfg.tls.ca_certs, certfile=cfg.tls.certfile,
+                           keyfile=cfg.tls.keyfile)
+            if cfg.tls.insecure:
+                client.tls_insecure_set(True)
+        client.will_set(self.topics.status, self._status_payload("offline"), qos=STATUS_QOS,
+                        retain=True)
+        client.reconnect_delay_set(cfg.reconnect_min_s, cfg.reconnect_max_s)  # type: ignore[arg-type]
+        client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
+        client.on_disconnect = self._on_disconnect
+        client.on_publish = self._on_publish
+        return client
+
+    def stop(self, timeout_s: float, final_status: str | None = "stopped") -> None:
+        """Publish `final_status`, wait (at most `timeout_s` in all) until everything queued is
+        acknowledged, then disconnect cleanly so the broker does NOT publish the Last Will.
+        Safe to call more than once, and before start()."""
+        with self._send_lock:
+            if self._stop_requested:
+                return
+            self._stop_requested = True
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        if final_status is not None:
+            self.set_status(final_status)
+        if self._client is None:
+            with self._send_lock:
+                self._closed = True
+            return
+        self._wait_drained(deadline - min(DISCONNECT_RESERVE_S, max(0.0, timeout_s) / 4))
+        with self._send_lock:
+            self._closed = True
+        self._shutdown_client(self._client, deadline)
+        self._log_stop_summary()
+
+    def _wait_drained(self, deadline: float) -> bool:
+        """Block until nothing is queued or unacknowledged, or until `deadline` (monotonic)."""
+        with self._lock:
+            while self._outbox or self._pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._lock.wait(remaining)
+            return True
+
+    def _shutdown_client(self, client: mqtt.Client, deadline: float) -> None:
+        """Disconnect and stop paho's thread without overrunning `deadline`.
+
+        paho's loop_stop() joins its thread with no timeout, and that thread sleeps up to 1 s at a
+        time between reconnect attempts, so it is joined from a helper thread with what is left.
+        """
+        client.disconnect()
+        stopper = threading.Thread(target=client.loop_stop, name="mqtt-loop-stop", daemon=True)
+        stopper.start()
+        stopper.join(max(0.0, deadline - time.monotonic()))
+        if stopper.is_alive():
+            # Not connected: the thread only has a back-off sleep to finish, nothing to lose.
+            level = logging.WARNING if client.is_connected() else logging.DEBUG
+            logger.log(level, "MQTT: network thread still stopping after the stop timeout")
+            return
+        if client.is_connected():
+            # a reconnect raced with disconnect(): say goodbye properly so no Will is sent
+            client.disconnect()
+
+    def _log_stop_summary(self) -> None:
+        """Say what was lost, so a shutdown with the broker away is never silent."""
+        with self._lock:
+            unsent = len(self._outbox) + len(self._pending)
+            unlogged, self._drops_unlogged = self._drops_unlogged, 0
+            dropped = self._dropped
+        if unsent:
+            logger.warning("MQTT: stopped with %d message(s) not acknowledged by %s", unsent,
+                           self.broker)
+        if unlogged:
+            logger.warning("MQTT: %d more message(s) dropped since the last report "
+                           "(%d dropped in total)", unlogged, dropped)
+        logger.info("MQTT: stopped (%s)", self.stats())
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """True once connected (and the backlog handed over), False after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while not self._ready:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._lock.wait(remaining)
+            return True
+
+    # ------------------------------------------------------------------ publishing API
+
+    def set_status(self, state: str) -> bool:
+        """Publish the device status (retained, QoS 1) and remember it for reconnects."""
+        with self._send_lock:
+            self._status = state
+            return self._submit(self._status_message(state), bypass_limit=True)
+
+    def publish_detections(self, camera: str, message: dict) -> bool:
+        """One frame's detections of `camera` (the pipeline builds the message)."""
+        return self.publish(self.topics.detections(camera), message)
+
+    def publish_camera_state(self, camera: str, state: dict) -> bool:
+        """Retained state of `camera`, so a new subscriber sees it at once."""
+        return self.publish(self.topics.camera_state(camera), state, retain=True)
+
+    def clear_camera(self, camera: str) -> bool:
+        """Delete the retained state of a removed camera (an empty retained message)."""
+        return self.publish(self.topics.camera_state(camera), b"", retain=True)
+
+    def publish_stats(self, stats: dict) -> bool:
+        """Periodic device counters."""
+        return self.publish(self.topics.stats, stats)
+
+    def publish(self, topic: str, payload: Any, retain: bool = False, qos: int | None = None) -> bool:
+        """Queue or send one message; False when it was dropped (counted in stats()).
+
+        `payload`: dict/list (compact JSON), str (UTF-8), bytes, or None (empty).
+        Raises ValueError for an invalid topic, QoS or payload (a programming error).
+        """
+        qos = self._config.qos if qos is None else qos
+        if qos not in (0, 1, 2):
+            raise ValueError(f"invalid QoS {qos!r}: must be 0, 1 or 2")
+        _check_topic(topic)
+        data = encode_payload(payload)
+        if len(data) > _MAX_PAYLOAD_BYTES:
+            raise ValueError(f"MQTT payload of {len(data)} bytes is over the protocol limit")
+        return self._submit(_Outgoing(topic, data, qos, retain))
+
+    def _submit(self, msg: _Outgoing, bypass_limit: bool = False) -> bool:
+        """Send now when connected, else keep in the outbox (QoS >= 1), within queue_limit."""
+        with self._send_lock:
+            if self._closed:
+                self._note_drop("the publisher is stopped")
+                return False
+            with self._lock:
+                ready = self._ready
+                full = len(self._outbox) + len(self._pending) >= self._config.queue_limit
+            if full and msg.qos > 0 and not bypass_limit:
+                self._note_drop(f"queue full ({self._config.queue_limit} messages waiting)")
+                return False
+            if not ready:
+                return self._keep(msg)
+            if not self._send(msg):
+                return False
+            with self._lock:
+                self._published += 1
+            return True
+
+    def _keep(self, msg: _Outgoing) -> bool:
+        """Hold a message for the next connection; QoS 0 means "don't bother", so it is dropped."""
+        if msg.qos == 0:
+            self._note_drop("not connected (QoS 0 messages are not queued)")
+            return False
+        with self._lock:
+            self._outbox.append(msg)
+            self._published += 1
+        return True
+
+    def _send(self, msg: _Outgoing, from_outbox: bool = False) -> bool:
+        """Hand one message to paho (caller holds _send_lock) and start tracking its mid.
+
+        An acknowledgement can arrive (in paho's thread) before client.publish() returns here;
+        such early acks are collected while the call runs (and until the mid is recorded, in the
+        same critical section), so the mid is not tracked forever.
+        """
+        client = self._client
+        if client is None:
+            raise RuntimeError("_send before start()")
+        with self._lock:
+            self._in_publish_call = True
+            self._early_acks.clear()
+        try:
+            info = client.publish(msg.topic, msg.payload, qos=msg.qos, retain=msg.retain)
+        except BaseException:
+            with self._lock:
+                self._in_publish_call = False
+            raise
+        rc = info.rc
+        accepted = rc == MQTTErrorCode.MQTT_ERR_SUCCESS or (
+            rc == MQTTErrorCode.MQTT_ERR_NO_CONN and msg.qos > 0)  # paho keeps it for reconnect
+        with self._lock:
+            self._in_publish_call = False
+            if from_outbox:
+                self._outbox.popleft()
+            if accepted and msg.qos > 0 and info.mid not in self._early_acks:
+                self._pending.add(info.mid)
+            self._early_acks.clear()
+            self._lock.notify_all()
+        if not accepted:
+            self._note_drop(f"the MQTT client refused it ({mqtt.error_string(rc)})")
+        return accepted
+
+    def _note_drop(self, reason: str) -> None:
+        """Count a dropped message; warn at most once per DROP_LOG_INTERVAL_S with the sum."""
+        now = time.monotonic()
+        with self._lock:
+            self._dropped += 1
+            self._drops_unlogged += 1
+            if self._last_drop_log is not None and now - self._last_drop_log < DROP_LOG_INTERVAL_S:
+                return
+            self._last_drop_log = now
+            count, self._drops_unlogged = self._drops_unlogged, 0
+            total = self._dropped
+        logger.warning("MQTT: dropped %d message(s): %s (%d dropped in total; broker %s)",
+                       count, reason, total, self.broker)
+
+    def _status_payload(self, state: str) -> bytes:
+        return encode_payload({"state": state, "device_id": self._device_id,
+                               "version": self._version, "ts": utc_timestamp()})
+
+    def _status_message(self, state: str) -> _Outgoing:
+        return _Outgoing(self.topics.status, self._status_payload(state), STATUS_QOS, True)
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> dict:
+        """Counters for the daemon's status: queued = waiting or not yet acknowledged."""
+        with self._lock:
+            return {
+                "connected": self._connected,
+                "queued": len(self._outbox) + len(self._pending),
+                "delivered": self._delivered,
+                "dropped": self._dropped,
+                "published": self._published,
+                "reconnects": self._reconnects,
+                "last_error": self._last_error,
+                "broker": self.broker,
+            }
+
+    # ------------------------------------------------------------------ paho callbacks
+
+    @_callback
+    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
+                    properties: Any) -> None:
+        """CONNACK: on success replay what is waiting, in order, before letting new messages
+        through (see the module docstring); on refusal report the broker's reason."""
+        if reason_code.is_failure:
+            self._record_error(f"connection refused by {self.broker}: {reason_code} "
+                               f"(reason code {reason_code.value}); retrying")
+            return
+        with self._send_lock:
+            with self._lock:
+                self._connected = True
+                self._error_logged = None  # the next problem is news again
+                if self._connects:
+                    self._reconnects += 1
+                self._connects += 1
+            replayed = self._replay(client)
+            with self._lock:
+                self._ready = True
+                self._lock.notify_all()
+        logger.info("MQTT: connected to %s%s", self.broker,
+                    f", {replayed} waiting message(s) sent" if replayed else "")
+
+    def _replay(self, client: mqtt.Client) -> int:
+        """Hand paho's unacknowledged messages, then the outbox, back to paho in order, with the
+        current status first unless one is among them. Caller holds _send_lock.
+
+        The unacknowledged messages are moved to the front of the outbox in one step, so stats()
+        and stop() never see them missing, and their old mids cannot be confused with new ones.
+        """
+        unacked = client.drop_out_messages()
+        with self._lock:
+            for m in unacked:
+                self._pending.discard(m.mid)
+            self._outbox.extendleft(_Outgoing(m.topic, m.payload, m.qos, m.retain)
+                                    for m in reversed(unacked))
+            has_status = any(m.topic == self.topics.status for m in self._outbox)
+            if self._status is not None and not has_status and not self._closed:
+                self._outbox.appendleft(self._status_message(self._status))
+                self._published += 1
+            count = len(self._outbox)
+        for _ in range(count):
+            with self._lock:
+                msg = self._outbox[0]
+            self._send(msg, from_outbox=True)
+        return count
+
+    @_callback
+    def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+        """A (re)connect attempt failed before any CONNACK: unreachable, refused, TLS error.
+        paho calls this inside its `except OSError`, so the exception is still at hand."""
+        exc = sys.exc_info()[1]
+        self._record_error(f"cannot connect to {self.broker}: {exc!r}; retrying")
+
+    @_callback
+    def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
+                       properties: Any) -> None:
+        """Connection gone: new messages go to the outbox until the next CONNACK."""
+        with self._lock:
+            was_connected = self._connected
+            self._connected = False
+            self._ready = False
+            closing = self._closed
+            self._lock.notify_all()
+        if closing:
+            logger.debug("MQTT: disconnected from %s (%s)", self.broker, reason_code)
+        elif was_connected:
+            self._record_error(f"connection to {self.broker} lost: {reason_code}; reconnecting")
+
+    @_callback
+    def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason_code: Any,
+                    properties: Any) -> None:
+        """Broker acknowledged (QoS >= 1) or paho wrote (QoS 0) message `mid`."""
+        with self._lock:
+            if mid in self._pending:
+                self._pending.remove(mid)
+            elif self._in_publish_call:
+                self._early_acks.add(mid)
+            self._delivered += 1
+            self._lock.notify_all()
+
+    def _record_error(self, message: str) -> None:
+        """Keep the error for stats(); warn when it is new since the last successful connect,
+        and again every ERROR_REPEAT_LOG_S while it persists, so a long outage stays visible
+        without a warning per retry."""
+        now = time.monotonic()
+        with self._lock:
+            self._last_error = message
+            warn = (message != self._error_logged
+                    or now - self._error_logged_at >= ERROR_REPEAT_LOG_S)
+            if warn:
+                self._error_logged, self._error_logged_at = message, now
+        logger.log(logging.WARNING if warn else logging.DEBUG, "MQTT: %s", message)
+
+
+def _check_config(config: MqttConfig) -> None:
+    """Refuse settings paho would reject later in its network thread, where nobody sees it."""
+    if config.qos not in (0, 1, 2):
+        raise ValueError(f"mqtt.qos must be 0, 1 or 2, not {config.qos!r}")
+    if not 1 <= config.queue_limit <= MAX_QUEUE_LIMIT:
+        raise ValueError(f"mqtt.queue_limit must be between 1 and {MAX_QUEUE_LIMIT} (MQTT packet "
+                         f"ids are 16-bit), not {config.queue_limit!r}")
+    if config.password is not None and config.username is None:
+        raise ValueError("mqtt.password is set but mqtt.username is not (MQTT needs both)")
+    if not 0 < config.reconnect_min_s <= config.reconnect_max_s:
+        raise ValueError("mqtt.reconnect_min_s must be > 0 and <= mqtt.reconnect_max_s")
