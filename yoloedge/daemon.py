@@ -14,6 +14,7 @@ rejected and the running configuration stays.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import os
 import signal
@@ -34,7 +35,7 @@ from .pipeline.cameras import LOSSLESS_DEPTH_PER_BATCH, CameraRuntime, is_lossle
 from .pipeline.frames import Frame
 from .pipeline.groups import AcceleratorGroup
 from .postprocess import Detections
-from .publish.messages import camera_state_message, detection_message, filter_detections
+from .publish.messages import camera_state_message, detection_message, filter_detections, iso_utc
 from .publish.mqtt import MqttPublisher
 from .sources.reader import CameraReader
 
@@ -156,6 +157,7 @@ class Daemon:
 
     def _add_camera(self, camera: CameraConfig) -> None:
         group = self._group_for(camera)
+        self._warn_unknown_classes(camera, group)
         queue = reader = None
         if camera.enabled:
             lossless = is_lossless(camera)
@@ -169,6 +171,19 @@ class Daemon:
         if reader is None:
             self._on_camera_state(camera.name, "disabled", "enabled: false")
         runtime.start()
+
+    @staticmethod
+    def _warn_unknown_classes(camera: CameraConfig, group: AcceleratorGroup) -> None:
+        """The config check cannot know the model's labels; a typo would silently hide everything."""
+        detector = group.detector
+        if camera.classes is None or detector is None:
+            return
+        for name in camera.classes:
+            if name not in detector.labels:
+                close = difflib.get_close_matches(name, detector.labels, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                log.warning("camera %s: class %r is not one of the model's labels%s; it will never match",
+                            camera.name, name, hint, extra={"camera": camera.name})
 
     def _remove_camera(self, name: str, clear_state: bool = True) -> None:
         with self._lock:
@@ -200,13 +215,13 @@ class Daemon:
         dets = filter_detections(dets, detector.labels, classes, cam.min_score)
         if not len(dets) and not cam.publish_empty:
             return
-        latency_ms = (time.monotonic() - frame.capture_mono) * 1000
+        now = time.monotonic()
         message = detection_message(frame.camera, frame.seq, frame.capture_time, dets, detector.labels,
-                                    Path(self.config.model.path).name, latency_ms)
+                                    Path(self.config.model.path).name, (now - frame.capture_mono) * 1000)
         if self.publisher.publish_detections(frame.camera, message):
             runtime.published_frames += 1
             runtime.published.mark()
-            runtime.latency_ms.add(latency_ms)
+            runtime.record_latency(frame.timings, frame.capture_mono, now)
         else:
             runtime.publish_failures += 1
 
@@ -380,7 +395,7 @@ class Daemon:
 
     def _stats_message(self) -> dict:
         status = self.status()
-        return {"v": 1, "ts": time.time(), "uptime_s": status["daemon"]["uptime_s"],
+        return {"v": 1, "ts": iso_utc(time.time()), "uptime_s": status["daemon"]["uptime_s"],
                 "healthy": status["daemon"]["healthy"], "accelerators": status["accelerators"],
                 "cameras": status["cameras"], "mqtt": status["mqtt"]}
 

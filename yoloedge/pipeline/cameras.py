@@ -23,6 +23,8 @@ class CameraRuntime:
         self.queue = queue
         self.reader = reader
         self.latency_ms = LatencyWindow()
+        # capture -> taken into a batch -> inferred -> published, per stage
+        self.stage_ms = {"queue": LatencyWindow(), "inference": LatencyWindow(), "publish": LatencyWindow()}
         self.published = RateMeter()
         self.published_frames = 0
         self.publish_failures = 0
@@ -44,6 +46,16 @@ class CameraRuntime:
             return True
         self.reader.join(timeout)
         return not self.reader.is_alive()
+
+    def record_latency(self, timings: dict[str, float], capture_mono: float, published_mono: float) -> float:
+        total = (published_mono - capture_mono) * 1000
+        self.latency_ms.add(total)
+        batched = timings.get("batched", capture_mono)
+        inferred = timings.get("inferred", batched)
+        self.stage_ms["queue"].add((batched - capture_mono) * 1000)
+        self.stage_ms["inference"].add((inferred - batched) * 1000)
+        self.stage_ms["publish"].add((published_mono - inferred) * 1000)
+        return total
 
     def open_captures(self) -> int:
         """Capture threads still inside OpenCV (a frozen camera's read ends at its timeout)."""
@@ -67,6 +79,7 @@ class CameraRuntime:
             "last_frame_age_s": stats.get("last_frame_age_s"),
             "latency_p50_ms": self.latency_ms.percentile(50),
             "latency_p99_ms": self.latency_ms.percentile(99),
+            "stage_p50_ms": {name: w.percentile(50) for name, w in self.stage_ms.items()},
             "publish_failures": self.publish_failures,
             "error": stats.get("error"),
         }

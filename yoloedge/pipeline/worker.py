@@ -144,6 +144,8 @@ class DeviceWorker(threading.Thread):
         n = len(frames)
         self.tracker.busy(self.worker_name)
         t0 = time.monotonic()
+        for f in frames:
+            f.timings["batched"] = t0
         try:
             geometries = self.detector.preprocess([f.image for f in frames])
             outputs = self.detector.infer(n)

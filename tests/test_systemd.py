@@ -1,0 +1,395 @@
+"""The shipped systemd unit, checked by systemd itself.
+
+1. `systemd-analyze verify` on systemd/yoloedge.service (only ExecStart's binary swapped for this
+   venv's script, because verify insists the binary exists).
+2. The unit under a real systemd: PID 1 on a test machine is usually not systemd, so the test boots
+   one in a container (`systemd-nspawn -b` over the host's root with a volatile /, see
+   shared/research/infra.md section 4). A oneshot check unit inside runs CHECK_SCRIPT: it starts a
+   mosquitto broker, starts the shipped unit (plus a drop-in for what the container needs), checks
+   Type=notify readiness, the watchdog, reload, a watchdog restart of a frozen daemon and a clean
+   stop, writes what it saw to /out and powers the container off. This side asserts on those files.
+
+Needs root, systemd-nspawn (package systemd-container), systemd-analyze and mosquitto; skipped
+without them, a failure instead where YOLOEDGE_REQUIRE_SYSTEMD=1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, skip_unless_required
+
+UNIT = REPO / "systemd" / "yoloedge.service"
+SHIPPED_EXEC = "/opt/yoloedge/bin/yoloedge"
+VENV_YOLOEDGE = Path(sys.prefix) / "bin" / "yoloedge"
+SWITCH = "YOLOEDGE_REQUIRE_SYSTEMD"
+
+PREFIX = "yt"
+DEVICE = "nspawn"
+BROKER_PORT = 18830  # the container has its own network namespace: no clash with the host
+NSPAWN_TIMEOUT_S = 180  # the whole boot-check-poweroff; takes ~40 s
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        skip_unless_required(f"{name} not installed", SWITCH)
+    return path
+
+
+def _unit_settings(text: str) -> list[tuple[str, str]]:
+    """(key, value) for every assignment in a unit file, comments and section headers skipped."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";", "[")) or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        out.append((key.strip(), value.strip()))
+    return out
+
+
+# -- 1. static check ---------------------------------------------------------------------------
+
+def test_unit_file_verifies(tmp_path):
+    analyze = _tool("systemd-analyze")
+    shipped = UNIT.read_text()
+    assert shipped.count(SHIPPED_EXEC) == 1, f"ExecStart= should run {SHIPPED_EXEC} (once)"
+    assert VENV_YOLOEDGE.is_file(), f"{VENV_YOLOEDGE} missing: is the package installed in this venv?"
+    unit = tmp_path / "yoloedge.service"
+    unit.write_text(shipped.replace(SHIPPED_EXEC, str(VENV_YOLOEDGE)))
+
+    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    # Unknown keys and unparsable values are only warnings (exit 0), so stderr must be empty too.
+    assert result.returncode == 0, f"systemd-analyze verify failed:\n{result.stderr}{result.stdout}"
+    assert result.stderr == "", f"systemd-analyze verify warned:\n{result.stderr}"
+
+    settings = _unit_settings(shipped)
+    values = {}
+    for key, value in settings:
+        values.setdefault(key, []).append(value)
+    assert values.get("Type") == ["notify"]
+    assert values.get("WatchdogSec"), "no WatchdogSec="
+    assert values.get("Restart") == ["on-failure"]
+    assert any("kill -HUP $MAINPID" in v for v in values.get("ExecReload", [])), values.get("ExecReload")
+    assert values.get("RuntimeDirectory") == ["yoloedge"]
+    assert values.get("User") == ["yoloedge"]
+    assert "yes" not in values.get("PrivateDevices", []), "PrivateDevices=yes hides the accelerator's nodes"
+    assert values.get("ExecStart") == [f"{SHIPPED_EXEC} run -c /etc/yoloedge/yoloedge.yaml"]
+
+
+# -- 2. under a real systemd -------------------------------------------------------------------
+
+# Installed as /run/systemd/system/yoloedge.service.d/test.conf next to the shipped unit. Only what
+# the test environment needs; every other setting (User=yoloedge, the hardening) stays as shipped.
+DROP_IN = f"""\
+[Service]
+# test: run this checkout's venv instead of /opt/yoloedge (the config path stays the shipped one;
+# the check script installs the test's config there).
+ExecStart=
+ExecStart={VENV_YOLOEDGE} run -c /etc/yoloedge/yoloedge.yaml
+# test: a short watchdog, so that "still alive after the watchdog period" and "a frozen daemon is
+# restarted" take seconds instead of a minute.
+WatchdogSec=3
+# test only: this machine's Python lives under /root (a real install lives in /opt), and
+# ProtectHome=yes would hide it from the service.
+ProtectHome=no
+"""
+
+CHECK_UNIT = """\
+[Unit]
+Description=yoloedge systemd test: drives yoloedge.service, writes /out, powers off
+After=basic.target
+# If the script itself fails, still end the boot instead of waiting for the outer timeout.
+FailureAction=poweroff
+
+[Service]
+Type=oneshot
+ExecStart=/bin/bash /ns/check.sh
+TimeoutStartSec=150
+StandardOutput=journal+console
+StandardError=journal+console
+"""
+
+MOSQUITTO_CONF = f"""\
+listener {BROKER_PORT} 127.0.0.1
+allow_anonymous true
+persistence false
+log_dest stdout
+# started as root inside the container; without this mosquitto switches to a user that the
+# container's empty /etc does not have
+user root
+"""
+
+# Runs inside the container. Every observation goes to /out/<step>.*; check.log has the trace.
+CHECK_SCRIPT = r"""#!/bin/bash
+set -u
+exec >>/out/check.log 2>&1
+PS4='+ $(date +%T.%3N) '
+set -x
+OUT=/out
+STATUS_TOPIC=@PREFIX@/@DEVICE@/status
+PORT=@PORT@
+PROPS=ActiveState,SubState,Result,StatusText,MainPID,NRestarts,WatchdogUSec,ExecMainStatus,ExecMainCode
+
+show() { systemctl show -p "$PROPS" yoloedge; }
+prop() { systemctl show -p "$1" --value yoloedge; }
+now() { date +%s.%N; }
+since() { echo "$(now) - $1" | bc; }
+
+finish() {
+    journalctl -u yoloedge --no-pager -o short-monotonic >"$OUT/journal.txt" 2>&1
+    journalctl -u yoloedge --no-pager -o json >"$OUT/journal.json" 2>&1
+    journalctl -b --no-pager -o short-monotonic >"$OUT/journal-all.txt" 2>&1
+    echo "$1" >"$OUT/done"
+    systemctl --no-block poweroff
+    exit 0
+}
+
+# The user that README's install steps create (the container's /etc is empty).
+useradd --system --home-dir /var/lib/yoloedge --shell /usr/sbin/nologin yoloedge
+usermod -aG video yoloedge
+id yoloedge >"$OUT/setup_user.txt" 2>&1
+install -d -m 0750 -o root -g yoloedge /etc/yoloedge
+install -m 0640 -o root -g yoloedge /ns/yoloedge.yaml /etc/yoloedge/yoloedge.yaml
+
+# The broker, as its own transient unit (the packaged mosquitto.service is masked).
+systemd-run --unit=test-broker /usr/sbin/mosquitto -c /ns/mosquitto.conf
+for i in $(seq 50); do
+    mosquitto_pub -h 127.0.0.1 -p "$PORT" -t probe -m x && break
+    sleep 0.1
+done
+
+# a) start: Type=notify returns only after READY=1
+t=$(now)
+systemctl start yoloedge
+echo "rc=$?" >"$OUT/a_start.rc"
+echo "seconds=$(since "$t")" >>"$OUT/a_start.rc"
+show >"$OUT/a_start.txt"
+mosquitto_sub -h 127.0.0.1 -p "$PORT" -C 1 -W 5 -t "$STATUS_TOPIC" >"$OUT/a_status.json" 2>&1
+mosquitto_sub -h 127.0.0.1 -p "$PORT" -C 1 -W 20 -t "@PREFIX@/@DEVICE@/cameras/door/detections" \
+    >"$OUT/a_detection.json" 2>&1
+@CTL@ --socket /run/yoloedge/control.sock status --json >"$OUT/a_ctl.json" 2>"$OUT/a_ctl.err"
+stat -c '%U:%G %a' /run/yoloedge /run/yoloedge/control.sock >"$OUT/a_runtime_dir.txt" 2>&1
+ps -o user=,group=,supgrp= -p "$(prop MainPID)" >"$OUT/a_ps.txt" 2>&1
+
+# b) alive after more than the watchdog period: the daemon pets the watchdog
+[ "$(prop ActiveState)" = active ] || finish "failed to start"
+sleep 8
+show >"$OUT/b_watchdog.txt"
+
+# c) reload: ExecReload sends SIGHUP, the daemon reloads in place
+t=$(now)
+systemctl reload yoloedge
+echo "rc=$?" >"$OUT/c_reload.rc"
+echo "seconds=$(since "$t")" >>"$OUT/c_reload.rc"
+for i in $(seq 50); do
+    [ "$(prop SubState)" = running ] && journalctl -u yoloedge -q --no-pager | grep -q "configuration reloaded" \
+        && break
+    sleep 0.2
+done
+show >"$OUT/c_reload.txt"
+
+# d) a frozen daemon stops petting the watchdog; systemd kills and restarts it
+pid=$(prop MainPID)
+echo "frozen_pid=$pid" >"$OUT/d_freeze.rc"
+t=$(now)
+kill -STOP "$pid"
+for i in $(seq 150); do
+    if [ "$(prop NRestarts)" -ge 1 ] && [ "$(prop SubState)" = running ] && [ "$(prop MainPID)" != "$pid" ]; then
+        break
+    fi
+    sleep 0.2
+done
+echo "seconds=$(since "$t")" >>"$OUT/d_freeze.rc"
+show >"$OUT/d_freeze.txt"
+
+# e) stop: clean exit 0 and a retained "stopped" status
+t=$(now)
+systemctl stop yoloedge
+echo "rc=$?" >"$OUT/e_stop.rc"
+echo "seconds=$(since "$t")" >>"$OUT/e_stop.rc"
+show >"$OUT/e_stop.txt"
+mosquitto_sub -h 127.0.0.1 -p "$PORT" -C 1 -W 5 -t "$STATUS_TOPIC" >"$OUT/e_status.json" 2>&1
+
+finish complete
+"""
+
+
+def _props(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+class Observations:
+    """The files the check script wrote to /out, with the context for failure messages."""
+
+    def __init__(self, out: Path, console: Path):
+        self.out = out
+        self.console = console
+
+    def text(self, name: str) -> str:
+        path = self.out / name
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def props(self, name: str) -> dict[str, str]:
+        return _props(self.text(name))
+
+    def context(self) -> str:
+        journal = self.text("journal.txt").splitlines()
+        check = self.text("check.log").splitlines()
+        console = self.console.read_text(errors="replace").splitlines() if self.console.exists() else []
+        return ("\n--- journalctl -u yoloedge (last 60 lines) ---\n" + "\n".join(journal[-60:])
+                + "\n--- check script trace (last 40 lines) ---\n" + "\n".join(check[-40:])
+                + "\n--- container console (last 30 lines) ---\n" + "\n".join(console[-30:]))
+
+
+def _daemon_config(models: Path, media: Path) -> dict:
+    return {
+        "device_id": DEVICE,
+        "model": {"path": str(models / "yolov8n_coco_int8.onnx")},
+        "accelerators": [{"backend": "onnxruntime", "provider": "cpu", "devices": [0], "batch": 1}],
+        "cameras": [{"name": "door", "url": str(media / "indoor_people_480p_mpeg4.avi"),
+                     "loop": True, "fps": 5}],
+        "mqtt": {"host": "127.0.0.1", "port": BROKER_PORT, "topic_prefix": PREFIX,
+                 "stats_interval_s": 2, "reconnect_min_s": 0.5, "reconnect_max_s": 2},
+        "health": {"stall_timeout_s": 5, "status_interval_s": 1},
+        "control": {"socket": "/run/yoloedge/control.sock"},
+        "logging": {"level": "info", "target": "auto"},
+        "shutdown_timeout_s": 10,
+    }
+
+
+@pytest.mark.shared
+def test_unit_under_real_systemd(tmp_path, models, media):
+    if os.geteuid() != 0:
+        skip_unless_required("booting a systemd container needs root", SWITCH)
+    nspawn = _tool("systemd-nspawn")
+    _tool("systemd-analyze")
+    for name in ("mosquitto", "mosquitto_sub", "mosquitto_pub"):
+        _tool(name)
+    assert VENV_YOLOEDGE.is_file(), f"{VENV_YOLOEDGE} missing: is the package installed in this venv?"
+
+    tag = uuid.uuid4().hex[:8]
+    ns = tmp_path / f"ns-{tag}"          # read-only in the container at /ns
+    units = tmp_path / f"units-{tag}"    # /run/systemd/system in the container
+    out = tmp_path / f"out-{tag}"        # /out, written by the check script
+    for d in (ns, units, units / "yoloedge.service.d", out):
+        d.mkdir()
+        d.chmod(0o755)
+    (ns / "yoloedge.yaml").write_text(yaml.safe_dump(_daemon_config(models, media), sort_keys=False))
+    (ns / "mosquitto.conf").write_text(MOSQUITTO_CONF)
+    script = (CHECK_SCRIPT.replace("@PREFIX@", PREFIX).replace("@DEVICE@", DEVICE)
+              .replace("@PORT@", str(BROKER_PORT)).replace("@CTL@", str(VENV_YOLOEDGE.parent / "yoloedge-ctl")))
+    (ns / "check.sh").write_text(script)
+    for f in ns.iterdir():
+        f.chmod(0o644)
+    shutil.copyfile(UNIT, units / "yoloedge.service")  # the shipped unit, unchanged
+    (units / "yoloedge.service.d" / "test.conf").write_text(DROP_IN)
+    (units / "yoloedge-check.service").write_text(CHECK_UNIT)
+
+    binds_ro = [str(REPO), str(REPO.parent / "shared")]
+    if not Path(sys.base_prefix).resolve().is_relative_to("/usr"):
+        binds_ro.append(str(Path(sys.base_prefix).resolve()))
+    for path in (Path(sys.prefix), VENV_YOLOEDGE.resolve(), models.resolve(), media.resolve()):
+        assert any(path.resolve().is_relative_to(b) or str(path).startswith("/usr") for b in binds_ro), \
+            f"{path} is not inside a path bound into the container {binds_ro}"
+    machine = f"yoloedge-test-{tag}"
+    cmd = [
+        "timeout", "--kill-after=15", str(NSPAWN_TIMEOUT_S),
+        nspawn, "--quiet", "-D", "/", "--volatile=yes", "--keep-unit", "--register=no",
+        "--private-network", f"--machine={machine}", "--console=read-only", "-b",
+        *[f"--bind-ro={p}" for p in binds_ro],
+        f"--bind-ro={ns}:/ns", f"--bind-ro={units}:/run/systemd/system", f"--bind={out}:/out",
+        "systemd.firstboot=off",               # else the empty /etc starts the First Boot Wizard
+        "systemd.mask=mosquitto.service",      # presets enable it; the test runs its own broker
+        "systemd.wants=yoloedge-check.service",
+    ]
+    console = tmp_path / f"console-{tag}.log"
+    t0 = time.monotonic()
+    with console.open("w") as log:
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=NSPAWN_TIMEOUT_S + 30)
+    elapsed = time.monotonic() - t0
+    obs = Observations(out, console)
+    print(f"\nnspawn run: {elapsed:.1f} s, rc {proc.returncode}; files in {out}")
+    for name in ("a_start.rc", "c_reload.rc", "d_freeze.rc", "e_stop.rc"):
+        print(f"  {name}: {' '.join(obs.text(name).split())}")
+
+    assert proc.returncode != 124, f"the container did not power off within {NSPAWN_TIMEOUT_S} s{obs.context()}"
+    assert obs.text("done").strip() == "complete", \
+        f"the check script did not finish ({obs.text('done').strip() or 'no /out/done'}){obs.context()}"
+    assert proc.returncode == 0, f"systemd-nspawn exited {proc.returncode}{obs.context()}"
+
+    # a) `systemctl start` returned after READY=1: already active/running, with our STATUS=.
+    start_rc = obs.props("a_start.rc")
+    a = obs.props("a_start.txt")
+    assert start_rc.get("rc") == "0", f"systemctl start yoloedge failed: {start_rc}{obs.context()}"
+    assert (a.get("ActiveState"), a.get("SubState")) == ("active", "running"), f"after start: {a}{obs.context()}"
+    assert a.get("StatusText", "").startswith(("starting", "running")), f"no STATUS= from the daemon: {a}"
+    assert a.get("WatchdogUSec") == "3s", f"drop-in WatchdogSec=3 not applied: {a}"
+    assert a.get("NRestarts") == "0", a
+    assert "online" in obs.text("a_status.json"), f"retained status after start: {obs.text('a_status.json')!r}"
+    detection = obs.text("a_detection.json")
+    assert detection.startswith("{") and json.loads(detection)["camera"] == "door", \
+        f"no detection message from the running service: {detection!r}{obs.context()}"
+    ctl = json.loads(obs.text("a_ctl.json") or "{}")
+    assert ctl.get("ok") and ctl["daemon"]["state"] == "running", \
+        f"yoloedge-ctl status over /run/yoloedge/control.sock: {obs.text('a_ctl.json')!r} {obs.text('a_ctl.err')!r}"
+    assert obs.text("a_runtime_dir.txt").split("\n")[0].startswith("yoloedge:yoloedge 750"), \
+        f"RuntimeDirectory=yoloedge: {obs.text('a_runtime_dir.txt')!r}"
+    assert obs.text("a_ps.txt").split()[:2] == ["yoloedge", "yoloedge"], \
+        f"the daemon does not run as User=yoloedge: {obs.text('a_ps.txt')!r}"
+
+    # b) still running after more than the watchdog period: the daemon pets the watchdog.
+    b = obs.props("b_watchdog.txt")
+    assert (b.get("ActiveState"), b.get("SubState"), b.get("NRestarts")) == ("active", "running", "0"), \
+        f"8 s after start with WatchdogSec=3: {b}{obs.context()}"
+    assert b.get("MainPID") == a.get("MainPID"), f"the daemon was replaced: {a} -> {b}{obs.context()}"
+
+    # c) reload = SIGHUP, in place.
+    reload_rc = obs.props("c_reload.rc")
+    c = obs.props("c_reload.txt")
+    journal = obs.text("journal.txt")
+    assert reload_rc.get("rc") == "0", f"systemctl reload yoloedge failed: {reload_rc}{obs.context()}"
+    assert (c.get("ActiveState"), c.get("SubState")) == ("active", "running"), f"after reload: {c}{obs.context()}"
+    assert c.get("MainPID") == a.get("MainPID") and c.get("NRestarts") == "0", \
+        f"reload restarted the daemon: {a} -> {c}{obs.context()}"
+    assert "configuration reloaded: generation 2" in journal, f"no reload log line{obs.context()}"
+
+    # d) frozen daemon: watchdog timeout, killed, restarted.
+    d = obs.props("d_freeze.txt")
+    frozen = obs.props("d_freeze.rc")
+    assert "Watchdog timeout" in journal, f"no watchdog timeout after SIGSTOP{obs.context()}"
+    assert int(d.get("NRestarts", "0")) >= 1, f"not restarted after the watchdog timeout: {d}{obs.context()}"
+    assert d.get("MainPID") not in ("0", frozen.get("frozen_pid")), f"same/no main PID: {frozen} -> {d}"
+    assert (d.get("ActiveState"), d.get("SubState")) == ("active", "running"), f"after restart: {d}{obs.context()}"
+    assert float(frozen.get("seconds", "99")) < 20, f"watchdog restart took {frozen}{obs.context()}"
+
+    # e) clean stop: exit 0, Result=success, retained `stopped`.
+    stop_rc = obs.props("e_stop.rc")
+    e = obs.props("e_stop.txt")
+    assert stop_rc.get("rc") == "0", f"systemctl stop yoloedge failed: {stop_rc}{obs.context()}"
+    assert (e.get("ActiveState"), e.get("Result")) == ("inactive", "success"), f"after stop: {e}{obs.context()}"
+    # code 1 = CLD_EXITED: the daemon exited by itself with 0, it was not killed by the SIGTERM.
+    assert (e.get("ExecMainCode"), e.get("ExecMainStatus")) == ("1", "0"), f"exit after stop: {e}{obs.context()}"
+    status = obs.text("e_status.json")
+    assert status.startswith("{") and json.loads(status).get("state") == "stopped", \
+        f"retained status after stop: {status!r}{obs.context()}"
+    assert "stopped" in journal and "ready:" in journal, f"daemon log lines missing from the journal{obs.context()}"
+
+    # Logging target auto under systemd writes to the journal's native socket with our fields.
+    entries = [json.loads(line) for line in obs.text("journal.json").splitlines() if line.startswith("{")]
+    ours = [m for m in entries if m.get("CODE_FUNC") or m.get("THREAD_NAME")]
+    assert ours, f"no structured journal entries from the daemon{obs.context()}"
+    assert any(m.get("CAMERA") == "door" for m in entries), \
+        f"no journal entry with CAMERA=door: fields seen {sorted({k for m in ours for k in m})}"
