@@ -7,7 +7,9 @@ import logging
 import sys
 
 from .. import __version__
+from ..demo import runner as demo
 from . import bench, check, detect, run
+from . import convert, verify
 
 #: sysexits.h EX_USAGE-style codes used across the CLI.
 EXIT_OK = 0
@@ -26,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_parser(sub)
     detect.add_parser(sub)
     bench.add_parser(sub)
+    convert.add_parser(sub)
+    verify.add_parser(sub)
+    demo.add_parser(sub)
     return parser
 
 

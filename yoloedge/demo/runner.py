@@ -1,0 +1,202 @@
+"""`yoloedge demo`: the daemon on the CPU with the demo model and camera, a private mosquitto on a
+free port, and a subscriber that prints detections as they arrive; then `yoloedge-ctl status`.
+
+Everything lives in a temporary directory and is torn down on Ctrl-C (or after --seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from . import LABELS, MODEL, clip_path
+
+HOST = "127.0.0.1"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("demo", help="run the daemon on the demo model and clip, with a local broker",
+                       description="Start mosquitto on a free port, the daemon on the CPU with the demo "
+                                   "model and camera, and print the detections as they arrive.")
+    p.add_argument("--seconds", type=float, default=0, help="stop after this many seconds (default: Ctrl-C)")
+    p.add_argument("--camera", help="camera URL instead of the demo clip (rtsp://..., a file, /dev/video0)")
+    p.add_argument("--model", help="model instead of the demo model (its labels from metadata or --labels)")
+    p.add_argument("--labels", help="labels file for --model")
+    p.add_argument("--fps", type=float, default=10, help="frames per second to process (default 10)")
+    p.add_argument("--status-after", type=float, default=5, help="print yoloedge-ctl status after N s")
+    p.set_defaults(func=run)
+
+
+def find_mosquitto() -> str | None:
+    found = shutil.which("mosquitto")
+    if found:
+        return found
+    candidate = Path("/usr/sbin/mosquitto")
+    return str(candidate) if candidate.exists() else None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def start_broker(binary: str, workdir: Path, port: int) -> subprocess.Popen:
+    conf = workdir / "mosquitto.conf"
+    lines = [f"listener {port} {HOST}", "allow_anonymous true", "persistence false", "log_dest none"]
+    if os.geteuid() == 0:
+        lines.append("user root")  # else it drops to 'mosquitto', which cannot read our temp dir
+    conf.write_text("\n".join(lines) + "\n")
+    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((HOST, port), timeout=0.2):
+                return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"mosquitto exited: {proc.stderr.read().decode(errors='replace')}")
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("mosquitto did not start listening within 10 s")
+
+
+def demo_config(args, workdir: Path, port: int) -> dict:
+    # The config file lives in a temp dir and relative paths in it are relative to it.
+    model = str(Path(args.model).resolve()) if args.model else str(MODEL)
+    camera = args.camera or str(clip_path())
+    if "://" not in camera and not camera.startswith("/dev/"):
+        camera = str(Path(camera).resolve())
+    cam = {"name": "demo", "url": camera, "fps": args.fps}
+    if not args.camera:
+        cam["loop"] = True
+    model_cfg = {"path": model}
+    labels = str(Path(args.labels).resolve()) if args.labels else (None if args.model else str(LABELS))
+    if labels:
+        model_cfg["labels"] = labels
+    return {
+        "device_id": "demo",
+        "model": model_cfg,
+        "accelerators": [{"backend": "onnxruntime", "provider": "cpu", "devices": [0], "batch": 1}],
+        "cameras": [cam],
+        "mqtt": {"host": HOST, "port": port, "topic_prefix": "yoloedge", "stats_interval_s": 10},
+        "control": {"socket": str(workdir / "control.sock")},
+        "logging": {"level": "warning", "target": "stderr"},
+        "shutdown_timeout_s": 5,
+    }
+
+
+class Printer:
+    """Subscribes to the demo's topics and prints one line per detection message."""
+
+    def __init__(self, port: int):
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        self.count = 0
+        self._lock = threading.Lock()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="yoloedge-demo-viewer")
+        self.client.on_connect = lambda c, u, f, rc, p: c.subscribe([("yoloedge/demo/#", 1)])
+        self.client.on_message = self._on_message
+        self.client.connect(HOST, port)
+        self.client.loop_start()
+
+    def _on_message(self, client, userdata, message) -> None:
+        if not message.payload:
+            return
+        payload = json.loads(message.payload)
+        if message.topic.endswith("/detections"):
+            found = ", ".join(f"{d['label']} {d['score']:.2f} at {[round(v) for v in d['box']]}"
+                              for d in payload["detections"]) or "nothing"
+            line = f"[{payload['camera']} frame {payload['frame']:>5}  {payload['latency_ms']:6.1f} ms] {found}"
+            with self._lock:
+                self.count += 1
+        elif message.topic.endswith("/status") or message.topic.endswith("/state"):
+            line = f"== {message.topic}: {payload.get('state')}" + (
+                f" ({payload['reason']})" if payload.get("reason") else "")
+        else:
+            return
+        print(line, flush=True)
+
+    def stop(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.model and not MODEL.exists():
+        print(f"yoloedge demo: the demo model {MODEL} is missing from this installation", file=sys.stderr)
+        return 2
+    binary = find_mosquitto()
+    if binary is None:
+        print("yoloedge demo: needs the mosquitto MQTT broker: sudo apt-get install mosquitto "
+              "(scripts/demo.sh installs it when run as root)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="yoloedge-demo-") as tmp:
+        return _run_in(Path(tmp), binary, args)
+
+
+def _run_in(workdir: Path, binary: str, args: argparse.Namespace) -> int:
+    port = free_port()
+    broker = start_broker(binary, workdir, port)
+    config_path = workdir / "yoloedge.yaml"
+    config_path.write_text(yaml.safe_dump(demo_config(args, workdir, port), sort_keys=False))
+    print(f"demo: broker on {HOST}:{port}; config {config_path}; Ctrl-C to stop", flush=True)
+    printer = Printer(port)
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
+    daemon = subprocess.Popen([sys.executable, "-m", "yoloedge", "run", "-c", str(config_path)], env=env)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *a: stop.set())
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    started = time.monotonic()
+    status_shown = False
+    try:
+        while not stop.is_set() and daemon.poll() is None:
+            elapsed = time.monotonic() - started
+            if not status_shown and elapsed >= args.status_after:
+                status_shown = _print_status(workdir / "control.sock")
+            if args.seconds and elapsed >= args.seconds:
+                break
+            stop.wait(0.2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if not status_shown:
+            _print_status(workdir / "control.sock")
+        code = _stop_daemon(daemon)
+        printer.stop()
+        broker.terminate()
+        broker.wait(5)
+    print(f"demo: {printer.count} detection messages received; daemon exit code {code}", flush=True)
+    return 0 if code == 0 else 1
+
+
+def _print_status(socket_path: Path) -> bool:
+    if not socket_path.exists():
+        return False
+    print("demo: $ yoloedge-ctl status", flush=True)
+    result = subprocess.run([sys.executable, "-m", "yoloedge.cli.ctl", "--socket", str(socket_path), "status"],
+                            capture_output=True, text=True, timeout=30)
+    print(result.stdout + result.stderr, flush=True)
+    return True
+
+
+def _stop_daemon(daemon: subprocess.Popen) -> int:
+    if daemon.poll() is None:
+        daemon.send_signal(signal.SIGTERM)
+    try:
+        return daemon.wait(20)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        return daemon.wait(5)
