@@ -67,12 +67,14 @@ class V5Decoder(Decoder):
     """
 
     def __call__(self, outputs, conf):
-        out = outputs[0]
-        idx = np.flatnonzero(out[:, 4] > conf)
-        if not idx.size:
-            return empty_candidates()
-        rows = out[idx].astype(np.float32)
-        return _objectness_candidates(rows, conf)
+        idx, rows = _rows_above(outputs[0], conf)
+        return _objectness_candidates(rows, conf) if idx.size else empty_candidates()
+
+
+def _rows_above(out: np.ndarray, conf: float) -> tuple[np.ndarray, np.ndarray]:
+    """Indices and float32 copies of the rows whose column 4 (objectness / score) beats `conf`."""
+    idx = np.flatnonzero(out[:, 4] > conf)
+    return idx, out[idx].astype(np.float32)
 
 
 def _objectness_candidates(rows: np.ndarray, conf: float) -> Candidates:
@@ -98,11 +100,9 @@ class YoloxDecoder(Decoder):
         self._stride = np.concatenate(strides).astype(np.float32)
 
     def __call__(self, outputs, conf):
-        out = outputs[0]
-        idx = np.flatnonzero(out[:, 4] > conf)
+        idx, rows = _rows_above(outputs[0], conf)  # rows is a copy: safe to decode in place
         if not idx.size:
             return empty_candidates()
-        rows = out[idx].astype(np.float32)  # a copy: safe to decode in place
         s = self._stride[idx]
         rows[:, 0:2] = (rows[:, 0:2] + self._grid[idx]) * s
         rows[:, 2:4] = np.exp(rows[:, 2:4]) * s
@@ -113,11 +113,9 @@ class E2EDecoder(Decoder):
     """[K, 6]: x1 y1 x2 y2 score class, already suppressed by the model (YOLOv10 / YOLO26)."""
 
     def __call__(self, outputs, conf):
-        out = outputs[0]
-        idx = np.flatnonzero(out[:, 4] > conf)
+        idx, rows = _rows_above(outputs[0], conf)
         if not idx.size:
             return empty_candidates()
-        rows = out[idx].astype(np.float32)
         return rows[:, :4].copy(), rows[:, 4].copy(), rows[:, 5].round().astype(np.int32)
 
 
