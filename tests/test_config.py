@@ -171,7 +171,7 @@ def test_accelerators_backends_and_sections(tmp_path, model):
             qdq_fusion: true
           - backend: ascend
             devices: [0]
-            ascend: {{aipp: true, precision: fp16}}
+            ascend: {{execute: async, telemetry: false}}
           - backend: mycompany.backends:FpgaBackend
             options: {{bitstream: /opt/yolo.bit}}
         cameras:
@@ -184,7 +184,7 @@ def test_accelerators_backends_and_sections(tmp_path, model):
                                                 allow_fallback=True, intra_op_threads=2,
                                                 graph_optimization="basic", qdq_fusion=True)
     assert ort.onnxruntime.device_id == 0  # taken from `devices` per worker at run time
-    assert (ascend.name, ascend.backend, ascend.options) == ("ascend1", "ascend", {"aipp": True, "precision": "fp16"})
+    assert (ascend.name, ascend.backend, ascend.options) == ("ascend1", "ascend", {"execute": "async", "telemetry": False})
     assert (plugin.name, plugin.options) == ("fpgabackend2", {"bitstream": "/opt/yolo.bit"})
 
 

@@ -19,6 +19,11 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "yoloedge.backends.onnxruntime", "OnnxRuntimeBackend",
         "pip install onnxruntime (CPU), onnxruntime-gpu (CUDA/TensorRT) or onnxruntime-migraphx (AMD)",
     ),
+    "ascend": (
+        "yoloedge.backends.ascend", "AscendBackend",
+        "pyACL comes with Huawei CANN: source /usr/local/Ascend/ascend-toolkit/set_env.sh "
+        "(it is NOT the PyPI package 'pyacl')",
+    ),
 }
 
 
@@ -57,6 +62,10 @@ def backend_config_for(accelerator: Any, device: int) -> Any:
 
     if accelerator.backend == "onnxruntime":
         return replace(accelerator.onnxruntime, device_id=device)
+    if accelerator.backend == "ascend":
+        from ..config.ascend import ascend_config
+
+        return ascend_config(accelerator.options, device)
     return {**dict(accelerator.options), "device_id": device}
 
 

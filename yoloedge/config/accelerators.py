@@ -2,8 +2,8 @@
 
 ONNX Runtime settings sit directly on the accelerator (`provider: cuda`); other built-in backends
 take theirs in a section named after them (`ascend: {...}`), and custom backends
-(`backend: package.module:Class`) in `options: {...}`. Those sections are passed on unvalidated
-until the backends define their schemas.
+(`backend: package.module:Class`) in `options: {...}`. The `ascend:` section is validated by
+`config.ascend`; the others are passed on unvalidated until their backends define schemas.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .ascend import read_ascend_section
 from .fields import (INVALID, Boolean, Choice, Context, Integer, Number, Text, did_you_mean, mapping_or_report,
                      plain, read_present, report_duplicate_names, report_unknown_keys, sequence_or_report)
 from .model import PROVIDERS, OnnxRuntimeConfig
@@ -159,7 +160,10 @@ def read_onnxruntime(ctx: Context, entries: dict) -> Any:
 
 
 def read_backend_options(ctx: Context, entries: dict, backend: str) -> Any:
-    """The backend's own section, passed on unvalidated until that backend defines its schema."""
+    """The backend's own section: validated where the backend has a schema (ascend), else passed
+    on unvalidated."""
+    if backend == "ascend":
+        return read_ascend_section(ctx, entries.get("ascend"))
     key = backend if backend in BACKEND_SECTIONS else PLUGIN_OPTIONS_KEY
     if key not in entries:
         return {}

@@ -211,4 +211,10 @@ class DeviceWorker(threading.Thread):
             "frames_lost": self.frames_lost,
             "description": self.detector.backend.description if self.detector else "",
             "error": self.startup_error,
+            "telemetry": self._telemetry(),
         }
+
+    def _telemetry(self) -> dict | None:
+        """Device health from backends that offer it (Ascend: npu-smi); None from the others."""
+        backend = self.detector.backend if self.detector else None
+        return backend.telemetry() if hasattr(backend, "telemetry") else None

@@ -1,0 +1,345 @@
+"""State and test controls of the fake pyACL (not part of the real `acl` API: tests import it as
+`acl._fake`). The public modules `acl`, `acl.rt`, `acl.mdl`, `acl.util` only call into here.
+
+Test controls:
+* `reset(devices=2, run_mode=ACL_HOST, util_helpers=ALL_UTIL, soc="Ascend310P3")`: a fresh process
+  (pyACL allows one `acl.init` per process, so every in-process test starts with one);
+* `fail(call, code, device=None, times=None)`: the next `times` calls of `call` (e.g.
+  "acl.mdl.execute") on `device` (None: any) return `code` instead of running;
+* `STATE.counts`: calls per function name; `STATE.errors`: every non-zero code returned, with the
+  call; `STATE.executed_gears`: the batch gear of every execution; `leaks()`: what is still held;
+* `report()` / `write_report()`: a JSON summary, written to $YOLOEDGE_FAKE_ACL_REPORT at every
+  `acl.finalize` and at interpreter exit (a daemon that leaves through os._exit writes it at its
+  finalize, which is what the tests check).
+Environment (for subprocess daemons): YOLOEDGE_FAKE_ACL_DEVICES (default 2),
+YOLOEDGE_FAKE_ACL_REPORT (report path).
+"""
+
+from __future__ import annotations
+
+import atexit
+import bisect
+import json
+import os
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import wraps
+from typing import Any, Callable
+
+import numpy as np
+
+# -- codes and constants (the real values; see yoloedge/backends/acl_runtime.py) -----------------
+SUCCESS = 0
+INVALID_PARAM = 100000
+UNINITIALIZE = 100001
+REPEAT_INITIALIZE = 100002
+INVALID_FILE = 100003
+INVALID_MODEL_ID = 100011
+DESERIALIZE_MODEL = 100012
+MODEL_INPUT_NOT_MATCH = 100017
+MODEL_OUTPUT_NOT_MATCH = 100018
+MODEL_NOT_DYNAMIC = 100019
+REPEAT_FINALIZE = 100037
+RT_PARAM_INVALID = 107000
+RT_INVALID_DEVICEID = 107001
+RT_CONTEXT_NULL = 107002
+RT_STREAM_CONTEXT = 107003
+RT_MODEL_CONTEXT = 107004
+GE_DATA_SIZE_INVALID = 145006
+GE_ADDR_INVALID = 145007
+GE_DYNAMIC_INPUT_ADDR_INVALID = 145011
+GE_DYNAMIC_INPUT_LENGTH_INVALID = 145012
+GE_DYNAMIC_BATCH_SIZE_INVALID = 145013
+RT_FEATURE_NOT_SUPPORT = 207000
+RT_MEMORY_ALLOCATION = 207001
+FAILURE = 500001
+
+MEMCPY_HOST_TO_HOST, MEMCPY_HOST_TO_DEVICE, MEMCPY_DEVICE_TO_HOST, MEMCPY_DEVICE_TO_DEVICE = 0, 1, 2, 3
+ACL_DEVICE, ACL_HOST = 0, 1
+ALL_UTIL = ("bytes_to_ptr", "ptr_to_bytes", "numpy_to_ptr", "ptr_to_numpy")
+DEVICE_MEMORY = 8 << 30  # per fake card
+MBATCH_NAME = "ascend_mbatch_shape_data"
+
+
+class Refused(Exception):
+    """Raised inside the fake to return `code` from the public function."""
+
+    def __init__(self, code: int, why: str = ""):
+        super().__init__(why)
+        self.code = code
+
+
+# -- memory --------------------------------------------------------------------------------------
+@dataclass
+class Region:
+    """Real bytes behind a pointer: the pointer is the numpy buffer's own address."""
+
+    ptr: int
+    size: int
+    kind: str  # "device" | "host" (pinned, malloc_host) | "pageable" (bytes_to_ptr / numpy_to_ptr)
+    device: int | None
+    data: np.ndarray | None  # uint8; None for read-only `bytes`
+    owner: Any = None  # keeps a borrowed object alive
+    on_device: bool = False  # malloc_host memory when the process runs on the card (ACL_DEVICE)
+
+    def view(self, ptr: int, count: int) -> np.ndarray:
+        offset = ptr - self.ptr
+        if self.data is not None:
+            return self.data[offset:offset + count]
+        return np.frombuffer(self.owner, np.uint8)[offset:offset + count]
+
+
+@dataclass
+class Context:
+    device: int
+    default: bool
+
+
+@dataclass
+class Stream:
+    context: int
+    pending: list = field(default_factory=list)
+
+
+@dataclass
+class Model:
+    model_id: int
+    context: int
+    device: int
+    spec: "ModelSpec"
+
+
+@dataclass
+class Tensor:
+    name: str
+    dtype_code: int
+    fmt: int
+    dims: list  # as get_*_dims reports them
+    size: int  # bytes for the largest gear
+    item_bytes: int
+    item_shape: tuple
+
+
+@dataclass
+class ModelSpec:
+    """What the fake .om is: the paired ONNX file and how the conversion was configured."""
+
+    onnx: str
+    gears: tuple  # () for a static batch
+    batch: int  # static batch, or the largest gear
+    aipp: bool
+    inputs: list  # Tensor; the mbatch input last when dynamic
+    outputs: list  # Tensor
+    onnx_input: str
+    onnx_input_dtype: np.dtype
+    onnx_batch_fixed: bool  # True: the ONNX takes one image at a time
+    onnx_outputs: list  # names in the order of `outputs`
+
+
+class State:
+    def __init__(self, devices: int = 2, run_mode: int = ACL_HOST, soc: str = "Ascend310P3"):
+        self.lock = threading.RLock()
+        self.local = threading.local()
+        self.devices = devices
+        self.run_mode = run_mode
+        self.soc = soc
+        self.initialised = False
+        self.init_count = 0
+        self.finalize_count = 0
+        self.finalize_refused: list[dict] = []
+        self.device_refs: Counter = Counter()
+        self.default_context: dict[int, int] = {}
+        self.contexts: dict[int, Context] = {}
+        self.streams: dict[int, Stream] = {}
+        self.regions: dict[int, Region] = {}
+        self._starts: list[int] = []
+        self.borrowed: list[Region] = []
+        self.device_used: Counter = Counter()
+        self.models: dict[int, Model] = {}
+        self.descs: dict[int, int | None] = {}  # desc -> model id (after get_desc)
+        self.datasets: dict[int, list[int]] = {}
+        self.data_buffers: dict[int, tuple[int, int]] = {}
+        self.counts: Counter = Counter()
+        self.errors: list[tuple[str, int]] = []
+        self.faults: list[dict] = []
+        self.executed_gears: list[int] = []
+        self.last_gear: dict[int, int] = {}
+        self._next_handle = 0x1000
+
+    def handle(self) -> int:
+        self._next_handle += 0x10
+        return self._next_handle
+
+    # -- threads and contexts --------------------------------------------------------------------
+    def current_context(self) -> int:
+        ctx = getattr(self.local, "context", 0)
+        if ctx not in self.contexts:
+            raise Refused(RT_CONTEXT_NULL, "no current context on this thread")
+        return ctx
+
+    def bind(self, ctx: int) -> None:
+        self.local.context = ctx
+
+    # -- memory ----------------------------------------------------------------------------------
+    def add_region(self, size: int, kind: str, device: int | None) -> Region:
+        data = np.zeros(size, np.uint8)
+        region = Region(data.ctypes.data, size, kind, device, data)
+        self._insert(region)
+        return region
+
+    def borrow(self, obj: Any, ptr: int, size: int, data: np.ndarray | None) -> Region:
+        """Host memory yoloedge owns (bytes_to_ptr / numpy_to_ptr); kept alive while registered."""
+        for old in [r for r in self.borrowed if r.ptr == ptr]:
+            self._remove(old)
+            self.borrowed.remove(old)
+        region = Region(ptr, size, "pageable", None, data, owner=obj)
+        self._insert(region)
+        self.borrowed.append(region)
+        while len(self.borrowed) > 256:
+            self._remove(self.borrowed.pop(0))
+        return region
+
+    def _insert(self, region: Region) -> None:
+        self.regions[region.ptr] = region
+        bisect.insort(self._starts, region.ptr)
+
+    def _remove(self, region: Region) -> None:
+        del self.regions[region.ptr]
+        self._starts.remove(region.ptr)
+
+    def free(self, ptr: int, kind: str) -> None:
+        region = self.regions.get(ptr)
+        if region is None or region.kind != kind:
+            raise Refused(RT_PARAM_INVALID, f"free of unknown or already freed {kind} pointer {ptr:#x}")
+        self._remove(region)
+        if region.device is not None:
+            self.device_used[region.device] -= region.size
+
+    def find(self, ptr: int, count: int) -> Region:
+        """The region holding [ptr, ptr+count); an unknown pointer or overrun is refused."""
+        i = bisect.bisect_right(self._starts, ptr) - 1
+        if i >= 0:
+            region = self.regions[self._starts[i]]
+            if ptr + count <= region.ptr + region.size:
+                return region
+        raise Refused(RT_PARAM_INVALID, f"pointer {ptr:#x} (+{count} bytes) is not memory of this process")
+
+    # -- faults ----------------------------------------------------------------------------------
+    def fault(self, call: str, device: int | None) -> None:
+        for f in self.faults:
+            if f["call"] == call and f["device"] in (None, device) and f["times"] != 0:
+                if f["times"] is not None:
+                    f["times"] -= 1
+                raise Refused(f["code"], f"injected fault on device {device}")
+
+    # -- reporting -------------------------------------------------------------------------------
+    def leaks(self) -> dict:
+        own = [r for r in self.regions.values() if r.kind != "pageable"]
+        return {
+            "device_memory": sum(1 for r in own if r.kind == "device"),
+            "host_memory": sum(1 for r in own if r.kind == "host"),
+            "models": len(self.models),
+            "model_descs": len(self.descs),
+            "datasets": len(self.datasets),
+            "data_buffers": len(self.data_buffers),
+            "streams": len(self.streams),
+            "contexts": sum(1 for c in self.contexts.values() if not c.default),
+            "devices_set": sum(1 for n in self.device_refs.values() if n > 0),
+        }
+
+
+STATE = State(devices=int(os.environ.get("YOLOEDGE_FAKE_ACL_DEVICES", "2")))
+
+
+def reset(devices: int = 2, run_mode: int = ACL_HOST, util_helpers=ALL_UTIL, soc: str = "Ascend310P3") -> State:
+    """A fresh fake process: nothing initialised, nothing allocated, counters at zero."""
+    global STATE
+    STATE = State(devices, run_mode, soc)
+    from . import util
+
+    util.install(util_helpers)
+    return STATE
+
+
+def fail(call: str, code: int, device: int | None = None, times: int | None = None) -> None:
+    STATE.faults.append({"call": call, "code": code, "device": device, "times": times})
+
+
+def leaks() -> dict:
+    with STATE.lock:
+        return STATE.leaks()
+
+
+def report() -> dict:
+    with STATE.lock:
+        return {
+            "init_count": STATE.init_count,
+            "finalize_count": STATE.finalize_count,
+            "finalize_refused": STATE.finalize_refused,
+            "initialised": STATE.initialised,
+            "calls": dict(STATE.counts),
+            "errors": [list(e) for e in STATE.errors[:200]],
+            "leaks": STATE.leaks(),
+            "executed_gears": dict(Counter(STATE.executed_gears)),
+        }
+
+
+def write_report() -> None:
+    path = os.environ.get("YOLOEDGE_FAKE_ACL_REPORT")
+    if path:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(report(), f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+
+
+atexit.register(write_report)
+
+
+# -- the decorator every public function goes through ------------------------------------------
+def api(name: str, shape: str, needs_init: bool = True, default: Any = None) -> Callable:
+    """Count the call, take the lock, turn `Refused` into pyACL's return shape.
+
+    shape: "ret" (an int), "value" ((value, ret)), "value2" ((a, b, ret)), "value3" ((a, b, c, ret))
+    or "bare" (the value itself; `default` when refused, as the C API returns NULL/0).
+    """
+
+    def wrap(fn: Callable) -> Callable:
+        @wraps(fn)
+        def call(*args):
+            state = STATE
+            with state.lock:
+                state.counts[name] += 1
+                try:
+                    if needs_init and not state.initialised:
+                        raise Refused(UNINITIALIZE, "acl.init has not been called")
+                    result = fn(state, *args)
+                except Refused as refused:
+                    state.errors.append((name, refused.code))
+                    return _refusal(shape, refused.code, default)
+            if shape == "ret":
+                return SUCCESS if result is None else result
+            if shape == "bare":
+                return result
+            return (*result, SUCCESS) if isinstance(result, tuple) and shape != "value" else (result, SUCCESS)
+
+        return call
+
+    return wrap
+
+
+def _refusal(shape: str, code: int, default: Any) -> Any:
+    if shape == "ret":
+        return code
+    if shape == "bare":
+        return default
+    fillers = {"value": 1, "value2": 2, "value3": 3}[shape]
+    return (*([default] * fillers), code)
+
+
+def need_int(*values: Any) -> None:
+    """pyACL's C wrapper accepts only Python ints for pointers, sizes and ids."""
+    for v in values:
+        if not isinstance(v, int):
+            raise TypeError(f"an integer is required (got type {type(v).__name__})")

@@ -1,0 +1,242 @@
+"""Fake `acl.rt`: devices, contexts, streams, memory and copies (see the package docstring)."""
+
+from __future__ import annotations
+
+from ._fake import (ACL_DEVICE, DEVICE_MEMORY, MEMCPY_DEVICE_TO_DEVICE, MEMCPY_DEVICE_TO_HOST,
+                    MEMCPY_HOST_TO_DEVICE, MEMCPY_HOST_TO_HOST, RT_FEATURE_NOT_SUPPORT,
+                    RT_INVALID_DEVICEID, RT_MEMORY_ALLOCATION, RT_PARAM_INVALID, RT_STREAM_CONTEXT, Context,
+                    Refused, Stream, api, need_int)
+
+
+def _check_device(state, device):
+    need_int(device)
+    if not 0 <= device < state.devices:
+        raise Refused(RT_INVALID_DEVICEID, f"no device {device} (this fake has {state.devices})")
+
+
+# -- devices and contexts ----------------------------------------------------------------------
+@api("acl.rt.get_device_count", "value")
+def get_device_count(state):
+    return state.devices
+
+
+@api("acl.rt.set_device", "ret")
+def set_device(state, device):
+    _check_device(state, device)
+    state.fault("acl.rt.set_device", device)
+    state.device_refs[device] += 1
+    if device not in state.default_context:
+        ctx = state.handle()
+        state.contexts[ctx] = Context(device, default=True)
+        state.default_context[device] = ctx
+    state.bind(state.default_context[device])
+
+
+@api("acl.rt.reset_device", "ret")
+def reset_device(state, device):
+    _check_device(state, device)
+    if state.device_refs[device] <= 0:
+        raise Refused(RT_PARAM_INVALID, f"device {device} was not set")
+    explicit = [c for c, v in state.contexts.items() if v.device == device and not v.default]
+    if explicit and state.device_refs[device] == 1:
+        raise Refused(RT_PARAM_INVALID, "reset_device before destroy_context of its contexts")
+    state.device_refs[device] -= 1
+    if state.device_refs[device] == 0:
+        ctx = state.default_context.pop(device)
+        for s in [s for s, v in state.streams.items() if v.context == ctx]:
+            del state.streams[s]
+        del state.contexts[ctx]
+
+
+@api("acl.rt.create_context", "value", default=0)
+def create_context(state, device):
+    _check_device(state, device)
+    ctx = state.handle()
+    state.contexts[ctx] = Context(device, default=False)
+    state.bind(ctx)
+    return ctx
+
+
+@api("acl.rt.destroy_context", "ret")
+def destroy_context(state, ctx):
+    need_int(ctx)
+    context = state.contexts.get(ctx)
+    if context is None or context.default:
+        raise Refused(RT_PARAM_INVALID, "not an explicitly created context")
+    if any(s.context == ctx for s in state.streams.values()):
+        raise Refused(RT_STREAM_CONTEXT, "destroy_context while its streams exist (destroy_stream first)")
+    if any(m.context == ctx for m in state.models.values()):
+        raise Refused(RT_PARAM_INVALID, "destroy_context while a model is loaded under it (unload first)")
+    del state.contexts[ctx]
+
+
+@api("acl.rt.set_context", "ret")
+def set_context(state, ctx):
+    need_int(ctx)
+    if ctx not in state.contexts:
+        raise Refused(RT_PARAM_INVALID, "unknown context")
+    state.bind(ctx)
+
+
+@api("acl.rt.get_context", "value", default=0)
+def get_context(state):
+    return state.current_context()
+
+
+@api("acl.rt.get_run_mode", "value", default=0)
+def get_run_mode(state):
+    return state.run_mode
+
+
+# -- streams ------------------------------------------------------------------------------------
+@api("acl.rt.create_stream", "value", default=0)
+def create_stream(state):
+    ctx = state.current_context()
+    stream = state.handle()
+    state.streams[stream] = Stream(ctx)
+    return stream
+
+
+def _own_stream(state, stream):
+    need_int(stream)
+    ctx = state.current_context()
+    if stream not in state.streams:
+        raise Refused(RT_PARAM_INVALID, "unknown stream")
+    if state.streams[stream].context != ctx:
+        raise Refused(RT_STREAM_CONTEXT, "the stream belongs to another context")
+    return state.streams[stream]
+
+
+@api("acl.rt.destroy_stream", "ret")
+def destroy_stream(state, stream):
+    _own_stream(state, stream)
+    del state.streams[stream]
+
+
+@api("acl.rt.synchronize_stream", "ret")
+def synchronize_stream(state, stream):
+    need_int(stream)
+    if stream not in state.streams:
+        raise Refused(RT_PARAM_INVALID, "unknown stream")
+    s = state.streams[stream]
+    state.bind(s.context)  # the runtime switches to the stream's context rather than failing
+    pending, s.pending = s.pending, []
+    codes = [task() for task in pending]
+    failed = [c for c in codes if c]
+    if failed:
+        raise Refused(failed[0], "a task queued on the stream failed")
+
+
+# -- memory -------------------------------------------------------------------------------------
+@api("acl.rt.malloc", "value", default=0)
+def malloc(state, size, policy):
+    need_int(size, policy)
+    ctx = state.current_context()
+    if size <= 0:
+        raise Refused(RT_PARAM_INVALID, "malloc of 0 bytes")
+    device = state.contexts[ctx].device
+    rounded = (size + 31) // 32 * 32 + 32
+    if state.device_used[device] + rounded > DEVICE_MEMORY:
+        raise Refused(RT_MEMORY_ALLOCATION, "device memory exhausted")
+    state.device_used[device] += rounded
+    return state.add_region(rounded, "device", device).ptr
+
+
+@api("acl.rt.malloc_host", "value", default=0)
+def malloc_host(state, size):
+    need_int(size)
+    ctx = state.current_context()
+    if size <= 0:
+        raise Refused(RT_PARAM_INVALID, "malloc_host of 0 bytes")
+    if state.run_mode == ACL_DEVICE:  # the process runs on the card: "host" memory is device memory
+        device = state.contexts[ctx].device
+        state.device_used[device] += size
+        region = state.add_region(size, "host", device)
+        region.on_device = True
+        return region.ptr
+    return state.add_region(size, "host", None).ptr
+
+
+@api("acl.rt.free", "ret")
+def free(state, ptr):
+    need_int(ptr)
+    state.free(ptr, "device")
+
+
+@api("acl.rt.free_host", "ret")
+def free_host(state, ptr):
+    need_int(ptr)
+    state.free(ptr, "host")
+
+
+@api("acl.rt.get_mem_info", "value2", default=0)
+def get_mem_info(state, attr):
+    need_int(attr)
+    device = state.contexts[state.current_context()].device
+    return DEVICE_MEMORY - state.device_used[device], DEVICE_MEMORY
+
+
+def _side(state, region):
+    """"device" or "host" as the copy engine sees it (malloc_host memory is device memory in
+    ACL_DEVICE run mode)."""
+    if region.kind == "device" or region.on_device:
+        return "device"
+    return "host"
+
+
+_KINDS = {
+    MEMCPY_HOST_TO_HOST: ("host", "host"),
+    MEMCPY_HOST_TO_DEVICE: ("device", "host"),  # (dst, src)
+    MEMCPY_DEVICE_TO_HOST: ("host", "device"),
+    MEMCPY_DEVICE_TO_DEVICE: ("device", "device"),
+}
+
+
+def _plan_copy(state, dst, dest_max, src, count, kind):
+    need_int(dst, dest_max, src, count, kind)
+    ctx = state.current_context()
+    if count == 0:
+        return None
+    if count > dest_max:
+        raise Refused(RT_PARAM_INVALID, f"count {count} > dest_max {dest_max}")
+    if kind not in _KINDS:
+        raise Refused(RT_PARAM_INVALID, f"unknown memcpy kind {kind}")
+    dst_region = state.find(dst, dest_max)
+    src_region = state.find(src, count)
+    want = _KINDS[kind]
+    have = (_side(state, dst_region), _side(state, src_region))
+    if have != want:
+        raise Refused(RT_PARAM_INVALID, f"memcpy kind {kind} copies {want[1]}->{want[0]}, "
+                                        f"the pointers are {have[1]}->{have[0]}")
+    device = state.contexts[ctx].device
+    for region in (dst_region, src_region):
+        if _side(state, region) == "device" and region.device != device:
+            raise Refused(RT_PARAM_INVALID, f"device memory of device {region.device} used under a "
+                                            f"context of device {device}")
+    return dst_region, src_region
+
+
+@api("acl.rt.memcpy", "ret")
+def memcpy(state, dst, dest_max, src, count, kind):
+    plan = _plan_copy(state, dst, dest_max, src, count, kind)
+    if plan is not None:
+        dst_region, src_region = plan
+        dst_region.view(dst, count)[...] = src_region.view(src, count)
+
+
+@api("acl.rt.memcpy_async", "ret")
+def memcpy_async(state, dst, dest_max, src, count, kind, stream):
+    s = _own_stream(state, stream)
+    if kind == MEMCPY_HOST_TO_HOST:
+        raise Refused(RT_FEATURE_NOT_SUPPORT, "async host-to-host copy")
+    plan = _plan_copy(state, dst, dest_max, src, count, kind)
+    if plan is None:
+        return
+    dst_region, src_region = plan
+
+    def task():
+        dst_region.view(dst, count)[...] = src_region.view(src, count)
+        return 0
+
+    s.pending.append(task)
+

@@ -1,0 +1,509 @@
+"""Huawei Ascend NPUs through pyACL (CANN): one `.om` model on one card, every buffer allocated once.
+
+Lifecycle, all on the worker thread that owns the card (pyACL binds contexts to threads):
+
+    open:  [acl.init, first backend of the process]  set_device -> create_context -> create_stream
+           -> create_desc -> load_from_file -> get_desc -> device memory (sized for the largest batch
+           gear) + pinned host memory (acl.rt.malloc_host) -> data buffers -> input/output datasets
+           (the input dataset includes `ascend_mbatch_shape_data` on dynamic-batch models)
+    run:   set_context -> memcpy in (only the frames of this batch) -> set_dynamic_batch_size
+           (smallest gear >= n) -> execute (or execute_async + synchronize_stream) -> memcpy out
+    close: exactly the reverse: datasets, data buffers, device and host memory, unload, destroy
+           desc, stream, context, reset_device, [acl.finalize, last backend of the process]
+
+Every acquisition pushes its own undo step, so `close` (and a failed `open`) release precisely
+what was acquired, in reverse order, and a failing step does not stop the ones after it.
+
+The letterbox writes straight into the pinned host memory: `input_buffer` is a numpy view of it
+(`acl.util.ptr_to_numpy`), and so are the arrays `run` returns. Shapes and data types come from
+the model description, so an `.om` with AIPP (uint8 NHWC input, normalised on the NPU) and one
+without (float32/float16 NCHW) both work, and an `.om` exported without its Detect layer exposes
+its raw feature maps for the `raw` decoder. An `.om` carries no Ultralytics metadata: labels and
+format come from the `model:` section of the config.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import acl
+import numpy as np
+
+from ..config.ascend import EXECUTE_MODES, AscendConfig
+from ..errors import BackendError, ModelError
+from ..model.spec import DYNAMIC, ModelMetadata, ModelSpec, TensorSpec
+from . import acl_runtime as rt
+from .acl_runtime import check, checked
+from .base import Backend
+from .npu_smi import NPU_SMI
+
+log = logging.getLogger(__name__)
+
+
+class HostView:
+    """The numpy side of one pinned host buffer.
+
+    Normally `array` shares the pinned memory, so writing it is writing what the next copy to the
+    device reads. Where pyACL cannot give such a view, `array` is plain memory staged through
+    `bytes` on every copy (slower, and logged once).
+    """
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.ptr = ptr
+        self.nbytes = nbytes
+        shared = rt.host_array(ptr, nbytes)
+        if shared is None and not rt.can_stage():
+            raise BackendError("this pyACL gives no numpy view of pinned memory (acl.util.ptr_to_numpy) "
+                               "and has no acl.util.bytes_to_ptr/ptr_to_bytes to copy through")
+        self.staged = shared is None
+        self.array = shared if shared is not None else np.zeros(nbytes, np.uint8)
+
+    def source(self, count: int) -> tuple[int, bytes | None]:
+        """Where to copy the first `count` bytes from, and an object to keep alive until then."""
+        if not self.staged:
+            return self.ptr, None
+        blob = self.array[:count].tobytes()
+        return acl.util.bytes_to_ptr(blob), blob
+
+    def landed(self, count: int) -> None:
+        """`count` bytes were copied into the pinned memory: make them visible in `array`."""
+        if self.staged:
+            self.array[:count] = np.frombuffer(acl.util.ptr_to_bytes(self.ptr, count), np.uint8)
+
+
+@dataclass
+class Tensor:
+    """One model input or output: its device buffer, its pinned host buffer, its data buffer."""
+
+    index: int
+    name: str
+    dtype: np.dtype
+    item_shape: tuple[int, ...]  # one batch item
+    item_bytes: int
+    device_bytes: int  # what the model description asks for (the largest gear)
+    device_ptr: int = 0
+    host: HostView | None = None
+    array: np.ndarray = field(default_factory=lambda: np.empty(0))  # typed [capacity, *item_shape]
+
+
+class AscendBackend(Backend):
+    name = "ascend"
+
+    def __init__(self, model_path: str, config: AscendConfig | None = None):
+        self.model_path = str(model_path)
+        self.config = config or AscendConfig()
+        if self.config.execute not in EXECUTE_MODES:
+            raise BackendError(f"unknown execute mode {self.config.execute!r}: choose one of "
+                               f"{', '.join(EXECUTE_MODES)}")
+        self._lock = threading.RLock()
+        self._undo: list[tuple[str, Callable[[], None]]] = []
+        self._reset_state()
+        self._process = rt.PROCESS  # the same one from open to close, whatever replaces it later
+        self._process.register(self)
+
+    def _reset_state(self) -> None:
+        self._spec: ModelSpec | None = None
+        self._context = 0
+        self._stream = 0
+        self._model_id: int | None = None
+        self._desc = 0
+        self._input: Tensor | None = None
+        self._mbatch: Tensor | None = None  # ascend_mbatch_shape_data, dynamic-batch models only
+        self._outputs: list[Tensor] = []
+        self._input_dataset = 0
+        self._output_dataset = 0
+        self._model_batch = 0  # the static batch, or the largest gear
+        self._gears: tuple[int, ...] = ()  # usable dynamic-batch gears; () for a static batch
+        self._gear_for: list[int] = []  # n -> gear to run a batch of n frames
+        self._capacity = 0
+        self._copy_in = rt.ACL_MEMCPY_HOST_TO_DEVICE
+        self._copy_out = rt.ACL_MEMCPY_DEVICE_TO_HOST
+        self._soc = ""
+        self.aipp = False
+
+    # -- open ----------------------------------------------------------------------------------
+    def open(self, max_batch: int = 1, input_hw: tuple[int, int] | None = None) -> ModelSpec:
+        with self._lock:
+            if self._spec is not None:
+                return self._spec
+            try:
+                self._open(max_batch)
+            except BaseException:
+                self._abandon_open()
+                raise
+            self._process.settle(self)
+            self._warn_about_imgsz(input_hw)
+            return self._spec
+
+    def _abandon_open(self) -> None:
+        """Release what a failed `open` took; the open's own error is the one raised."""
+        errors = self._teardown()
+        self._reset_state()
+        try:
+            self._process.settle(self)
+        except Exception as exc:  # noqa: BLE001 - logged below; the open's error takes precedence
+            errors.append(exc)
+        for exc in errors:
+            log.error("while releasing after a failed open of %s: %s", self.model_path, exc)
+
+    def _open(self, max_batch: int) -> None:
+        if max_batch < 1:
+            raise BackendError(f"max_batch must be >= 1, got {max_batch}")
+        if not os.path.isfile(self.model_path):
+            raise ModelError(f"model file not found: {self.model_path}")
+        self._process.acquire()
+        self._push("release pyACL (acl.finalize when last)", self._process.release)
+        self._open_device()
+        self._load_model()
+        self._describe(max_batch)
+        self._allocate()
+        self._build_datasets()
+        self._spec = self._model_spec()
+        log.info("loaded %s on %s: input %s %s%s, outputs %s", self.model_path, self.description,
+                 self._input.name, list(self._spec.input.shape), " (AIPP)" if self.aipp else "",
+                 ", ".join(f"{o.name} {list(o.shape)}" for o in self._spec.outputs))
+
+    def _push(self, what: str, undo: Callable[[], None]) -> None:
+        self._undo.append((what, undo))
+
+    def _open_device(self) -> None:
+        device = self.config.device_id
+        check(acl.rt.set_device(device), "acl.rt.set_device", f"device {device}")
+        self._push("reset device", lambda: check(acl.rt.reset_device(device), "acl.rt.reset_device"))
+        context = checked(acl.rt.create_context(device), "acl.rt.create_context", f"device {device}")
+        self._context = context  # bound to this thread by create_context
+        self._push("destroy context", lambda: check(acl.rt.destroy_context(context), "acl.rt.destroy_context"))
+        stream = checked(acl.rt.create_stream(), "acl.rt.create_stream")
+        self._stream = stream
+        self._push("destroy stream", lambda: check(acl.rt.destroy_stream(stream), "acl.rt.destroy_stream"))
+        run_mode = checked(acl.rt.get_run_mode(), "acl.rt.get_run_mode") if hasattr(acl.rt, "get_run_mode") \
+            else rt.ACL_HOST
+        if run_mode == rt.ACL_DEVICE:  # on the card's own CPU "host" memory is device memory
+            self._copy_in = self._copy_out = rt.ACL_MEMCPY_DEVICE_TO_DEVICE
+        self._soc = acl.get_soc_name() if hasattr(acl, "get_soc_name") else ""
+
+    def _load_model(self) -> None:
+        desc = acl.mdl.create_desc()
+        if not desc:
+            raise BackendError("acl.mdl.create_desc returned no model description")
+        self._desc = desc
+        self._push("destroy model description",
+                   lambda: check(acl.mdl.destroy_desc(desc), "acl.mdl.destroy_desc"))
+        model_id = checked(acl.mdl.load_from_file(self.model_path), "acl.mdl.load_from_file", self.model_path)
+        self._model_id = model_id
+        self._push("unload model", lambda: check(acl.mdl.unload(model_id), "acl.mdl.unload"))
+        check(acl.mdl.get_desc(desc, model_id), "acl.mdl.get_desc")
+
+    # -- what the model wants ------------------------------------------------------------------
+    def _describe(self, max_batch: int) -> None:
+        """Everything about the tensors comes from the model description: the batch gears, the
+        batch-size input, the image input (AIPP or not) and the outputs."""
+        desc = self._desc
+        gears = self._dynamic_gears()
+        mbatch = self._mbatch_index()
+        if gears and mbatch is None:
+            raise ModelError(f"{self.model_path}: dynamic batch gears {list(gears)} but no "
+                             f"{rt.ACL_DYNAMIC_TENSOR_NAME} input")
+        if mbatch is not None and not gears:
+            raise ModelError(f"{self.model_path}: dynamic image size / dynamic dims models are not supported; "
+                             f"convert with --input_shape fixed, or --dynamic_batch_size")
+        images = [i for i in range(acl.mdl.get_num_inputs(desc)) if i != mbatch]
+        if len(images) != 1:
+            raise ModelError(f"{self.model_path}: expected one image input, the model has {len(images)} "
+                             f"(dynamic AIPP models are not supported: use a static AIPP block)")
+        dims, name = self._dims(acl.mdl.get_input_dims(desc, images[0]), "acl.mdl.get_input_dims", "images")
+        self._model_batch = max(gears) if gears else dims[0]
+        if self._model_batch < 1:
+            raise ModelError(f"{self.model_path}: input batch {dims[0]} without dynamic batch gears")
+        self._plan_batches(gears, max_batch)
+        self._input = self._image_input(images[0], dims, name)
+        if mbatch is not None:
+            size = acl.mdl.get_input_size_by_index(desc, mbatch)
+            self._mbatch = Tensor(mbatch, rt.ACL_DYNAMIC_TENSOR_NAME, np.dtype(np.int64), (1,), size, size)
+        self._outputs = [self._output(i) for i in range(acl.mdl.get_num_outputs(desc))]
+
+    def _dynamic_gears(self) -> tuple[int, ...]:
+        """The --dynamic_batch_size gears, sorted; () for a fixed-batch model (batchCount 0)."""
+        info = checked(acl.mdl.get_dynamic_batch(self._desc), "acl.mdl.get_dynamic_batch")
+        if not info or not info.get("batchCount"):
+            return ()
+        return tuple(sorted(int(g) for g in info["batch"][:info["batchCount"]]))
+
+    def _mbatch_index(self) -> int | None:
+        """Index of the batch-size input; pyACL answers a non-zero ret when the model has none."""
+        index, ret = acl.mdl.get_input_index_by_name(self._desc, rt.ACL_DYNAMIC_TENSOR_NAME)
+        return int(index) if ret == rt.ACL_SUCCESS else None
+
+    def _plan_batches(self, gears: tuple[int, ...], max_batch: int) -> None:
+        """Capacity: `max_batch` frames, at most the largest gear or the static batch. Each n <=
+        capacity runs on the smallest gear >= n (5 frames on gears 1/2/4/8 run as 8); a static
+        model always runs its full batch, the slots beyond n being padding."""
+        self._capacity = min(max_batch, self._model_batch)
+        if gears:
+            top = next(g for g in gears if g >= self._capacity)
+            self._gears = tuple(g for g in gears if g <= top)
+        else:
+            self._gears = ()
+        sizes = self._gears or (self._model_batch,)
+        self._gear_for = [0] + [next(g for g in sizes if g >= n) for n in range(1, self._capacity + 1)]
+        if self._capacity != max_batch:
+            log.info("%s: batches of up to %d frames (asked for %d; the model's %s)", self.model_path,
+                     self._capacity, max_batch, f"gears are {list(gears)}" if gears else "batch is fixed")
+
+    @staticmethod
+    def _dims(result, call: str, default_name: str) -> tuple[list[int], str]:
+        """`get_input_dims` / `get_output_dims` answer {"name", "dimCount", "dims"}."""
+        info = checked(result, call)
+        dims = [int(d) for d in info["dims"][:info.get("dimCount", len(info["dims"]))]]
+        return dims, str(info.get("name") or default_name)
+
+    def _image_input(self, index: int, dims: list[int], name: str) -> Tensor:
+        """Sizes per frame from the description (which sizes the largest gear); uint8 means AIPP."""
+        desc = self._desc
+        size = acl.mdl.get_input_size_by_index(desc, index)
+        dtype = self._dtype(acl.mdl.get_input_data_type(desc, index), "input")
+        self.aipp = self._has_static_aipp(index) or dtype == np.uint8
+        if len(dims) != 4 or min(dims[1:]) < 1:
+            raise ModelError(f"{self.model_path}: expected a 4-D image input with fixed size, got {dims}")
+        if size % self._model_batch:
+            raise ModelError(f"{self.model_path}: input size {size} is not a multiple of the batch {self._model_batch}")
+        item_bytes = size // self._model_batch
+        if self.aipp:
+            dtype, shape = np.dtype(np.uint8), self._aipp_shape(dims, index, item_bytes)
+        else:
+            shape = tuple(dims[1:])
+            if math.prod(shape) * dtype.itemsize != item_bytes:
+                raise ModelError(f"{self.model_path}: input dims {dims} of {dtype} do not fill its "
+                                 f"{size} bytes")
+        return Tensor(index, name, dtype, shape, item_bytes, size)
+
+    def _has_static_aipp(self, index: int) -> bool:
+        """What the model says about AIPP on this input; dynamic AIPP is refused."""
+        if not hasattr(acl.mdl, "get_aipp_type"):
+            return False
+        kind, _attached, ret = acl.mdl.get_aipp_type(self._model_id, index)
+        if ret != rt.ACL_SUCCESS:
+            name, meaning = rt.describe_code(ret)
+            log.debug("acl.mdl.get_aipp_type returned %s (%s: %s); deciding AIPP from the input type",
+                      ret, name, meaning)
+            return False
+        if kind in (rt.ACL_DATA_WITH_DYNAMIC_AIPP, rt.ACL_DYNAMIC_AIPP_NODE):
+            raise ModelError(f"{self.model_path}: dynamic AIPP is not supported; convert with a static "
+                             f"AIPP block (aipp_mode: static, input_format: RGB888_U8)")
+        return kind == rt.ACL_DATA_WITH_STATIC_AIPP
+
+    def _aipp_shape(self, dims: list[int], index: int, item_bytes: int) -> tuple[int, int, int]:
+        """(H, W, C) of the uint8 frame AIPP takes. The dims are read by where the channel count
+        sits (ATC reports AIPP inputs NHWC, but the format may still say the --input_format the
+        model was converted with); the format only settles dims like 3x3x3."""
+        a, b, c = dims[1:]
+        if c in (1, 3) and a not in (1, 3):
+            nchw = False
+        elif a in (1, 3) and c not in (1, 3):
+            nchw = True
+        else:
+            fmt = acl.mdl.get_input_format(self._desc, index) if hasattr(acl.mdl, "get_input_format") else None
+            nchw = fmt == rt.ACL_FORMAT_NCHW
+        h, w, ch = (b, c, a) if nchw else (a, b, c)
+        if h * w * ch != item_bytes:
+            raise ModelError(f"{self.model_path}: the AIPP input takes {item_bytes} bytes per frame, not a "
+                             f"{w}x{h}x{ch} RGB888_U8 image (YUV420SP or other AIPP input formats are not "
+                             f"supported: convert with input_format: RGB888_U8)")
+        return h, w, ch
+
+    def _output(self, index: int) -> Tensor:
+        """Shape and type per frame from the description: raw feature maps come out as they are,
+        for the `raw` decoder. The device buffer holds the largest gear whatever the description
+        says its size is (that value is not confirmed for dynamic-batch models)."""
+        desc = self._desc
+        dims, name = self._dims(acl.mdl.get_output_dims(desc, index), "acl.mdl.get_output_dims", f"output{index}")
+        dtype = self._dtype(acl.mdl.get_output_data_type(desc, index), f"output {index}")
+        size = acl.mdl.get_output_size_by_index(desc, index)
+        shape = tuple(dims[1:])
+        if not shape or min(shape) < 1:
+            raise ModelError(f"{self.model_path}: output {index} has dims {dims}; outputs with dynamic "
+                             f"shapes are not supported")
+        item_bytes = math.prod(shape) * dtype.itemsize
+        if size < item_bytes * self._model_batch:
+            log.debug("%s: output %d is described as %d bytes, %d needed for batch %d", self.model_path,
+                      index, size, item_bytes * self._model_batch, self._model_batch)
+        return Tensor(index, name, dtype, shape, item_bytes, max(size, item_bytes * self._model_batch))
+
+    def _dtype(self, code: int, what: str) -> np.dtype:
+        if code not in rt.ACL_DTYPES:
+            raise ModelError(f"{self.model_path}: {what} has unsupported aclDataType {code}")
+        return rt.ACL_DTYPES[code]
+
+    # -- buffers -------------------------------------------------------------------------------
+    def _allocate(self) -> None:
+        """Device buffers as the description sizes them; pinned host buffers for `capacity` frames."""
+        for tensor in (self._input, *self._outputs):
+            tensor.device_ptr = self._malloc(tensor.device_bytes)
+            host_bytes = self._capacity * tensor.item_bytes
+            tensor.host = HostView(self._malloc_host(host_bytes), host_bytes)
+            tensor.array = tensor.host.array[:host_bytes].view(tensor.dtype).reshape(
+                self._capacity, *tensor.item_shape)
+        if self._mbatch is not None:
+            self._mbatch.device_ptr = self._malloc(self._mbatch.device_bytes)
+        if any(t.host.staged for t in (self._input, *self._outputs)):
+            log.warning("%s: pyACL gives no shared numpy view of pinned memory here; every run copies "
+                        "through bytes (slower)", self.model_path)
+        self._input.array[...] = 0
+        self._copy_input(self._capacity)  # padding slots of a gear start as zeros, not garbage
+
+    def _malloc(self, nbytes: int) -> int:
+        ptr = checked(acl.rt.malloc(int(nbytes), rt.ACL_MEM_MALLOC_HUGE_FIRST), "acl.rt.malloc", f"{nbytes} bytes")
+        self._push("free device memory", lambda: check(acl.rt.free(ptr), "acl.rt.free"))
+        return ptr
+
+    def _malloc_host(self, nbytes: int) -> int:
+        ptr = checked(acl.rt.malloc_host(int(nbytes)), "acl.rt.malloc_host", f"{nbytes} bytes")
+        self._push("free host memory", lambda: check(acl.rt.free_host(ptr), "acl.rt.free_host"))
+        return ptr
+
+    def _build_datasets(self) -> None:
+        """Data buffers wrapping the device buffers, then one dataset for inputs, one for outputs."""
+        inputs = sorted([t for t in (self._input, self._mbatch) if t is not None], key=lambda t: t.index)
+        in_buffers = [self._data_buffer(t) for t in inputs]
+        out_buffers = [self._data_buffer(t) for t in self._outputs]
+        self._input_dataset = self._dataset(in_buffers)
+        self._output_dataset = self._dataset(out_buffers)
+
+    def _data_buffer(self, tensor: Tensor) -> int:
+        buffer = acl.create_data_buffer(tensor.device_ptr, tensor.device_bytes)
+        if not buffer:
+            raise BackendError(f"acl.create_data_buffer returned no buffer for {tensor.name}")
+        self._push("destroy data buffer", lambda: check(acl.destroy_data_buffer(buffer), "acl.destroy_data_buffer"))
+        return buffer
+
+    def _dataset(self, buffers: list[int]) -> int:
+        dataset = acl.mdl.create_dataset()
+        if not dataset:
+            raise BackendError("acl.mdl.create_dataset returned no dataset")
+        self._push("destroy dataset", lambda: check(acl.mdl.destroy_dataset(dataset), "acl.mdl.destroy_dataset"))
+        for buffer in buffers:
+            checked(acl.mdl.add_dataset_buffer(dataset, buffer), "acl.mdl.add_dataset_buffer")
+        return dataset
+
+    def _model_spec(self) -> ModelSpec:
+        inp = self._input
+        batch = DYNAMIC if self._gears else self._model_batch
+        h, w = (inp.item_shape[0], inp.item_shape[1]) if self.aipp else (inp.item_shape[1], inp.item_shape[2])
+        return ModelSpec(
+            self.model_path,
+            (TensorSpec(inp.name, (self._capacity, *inp.item_shape), inp.dtype),),
+            tuple(TensorSpec(o.name, (batch, *o.item_shape), o.dtype) for o in self._outputs),
+            ModelMetadata(imgsz=(h, w)))
+
+    def _warn_about_imgsz(self, input_hw: tuple[int, int] | None) -> None:
+        if input_hw and tuple(input_hw) != self._spec.metadata.imgsz:
+            log.warning("%s: model.imgsz %s ignored: the .om takes %s (fixed at conversion)",
+                        self.model_path, list(input_hw), list(self._spec.metadata.imgsz))
+
+    # -- running -------------------------------------------------------------------------------
+    @property
+    def input_buffer(self) -> np.ndarray:
+        if self._spec is None:
+            raise BackendError("backend is not open")
+        return self._input.array
+
+    @property
+    def max_batch(self) -> int:
+        return self._capacity if self._spec is not None else 0
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        if self._spec is None:
+            return ()
+        return self._gears or (self._model_batch,)
+
+    @property
+    def description(self) -> str:
+        batch = "gears " + "/".join(map(str, self._gears)) if self._gears else f"batch {self._model_batch}"
+        soc = f" {self._soc}" if self._soc else ""
+        return f"ascend{soc} device {self.config.device_id} ({self.config.execute}, {batch})"
+
+    def run(self, n: int) -> list[np.ndarray]:
+        with self._lock:
+            if self._spec is None:
+                raise BackendError("backend is not open")
+            if not 1 <= n <= self._capacity:
+                raise BackendError(f"batch of {n} outside 1..{self._capacity}")
+            check(acl.rt.set_context(self._context), "acl.rt.set_context")
+            self._copy_input(n)
+            if self._mbatch is not None:
+                gear = self._gear_for[n]
+                check(acl.mdl.set_dynamic_batch_size(self._model_id, self._input_dataset, self._mbatch.index, gear),
+                      "acl.mdl.set_dynamic_batch_size", f"batch {gear}")
+            self._execute()
+            for out in self._outputs:
+                self._copy_output(out, n)
+            return [out.array[:n] for out in self._outputs]
+
+    def _copy_input(self, n: int) -> None:
+        inp = self._input
+        count = n * inp.item_bytes
+        src, keep_alive = inp.host.source(count)
+        kind = rt.ACL_MEMCPY_HOST_TO_DEVICE if inp.host.staged else self._copy_in
+        check(acl.rt.memcpy(inp.device_ptr, inp.device_bytes, src, count, kind), "acl.rt.memcpy",
+              f"input {inp.name}, {count} bytes to the device")
+        del keep_alive
+
+    def _execute(self) -> None:
+        if self.config.execute == "async":
+            check(acl.mdl.execute_async(self._model_id, self._input_dataset, self._output_dataset, self._stream),
+                  "acl.mdl.execute_async")
+            check(acl.rt.synchronize_stream(self._stream), "acl.rt.synchronize_stream")
+        else:
+            check(acl.mdl.execute(self._model_id, self._input_dataset, self._output_dataset), "acl.mdl.execute")
+
+    def _copy_output(self, out: Tensor, n: int) -> None:
+        count = n * out.item_bytes
+        check(acl.rt.memcpy(out.host.ptr, out.host.nbytes, out.device_ptr, count, self._copy_out),
+              "acl.rt.memcpy", f"output {out.name}, {count} bytes from the device")
+        out.host.landed(count)
+
+    # -- closing -------------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            if not self._undo:
+                self._process.settle(self)  # closed without (successfully) opening
+                return
+            errors = []
+            if self._context:
+                ret = acl.rt.set_context(self._context)  # teardown may run on another thread
+                if ret != rt.ACL_SUCCESS:
+                    errors.append(rt.AclError("acl.rt.set_context", ret, "before teardown"))
+            errors += self._teardown()
+            self._reset_state()
+            for exc in errors[1:]:
+                log.error("also while closing %s: %s", self.model_path, exc)
+            if errors:
+                raise errors[0]
+
+    def _teardown(self) -> list[Exception]:
+        """Run every undo step, newest first; a failing step is collected, not allowed to stop the
+        rest (the last backend's release must still finalise pyACL)."""
+        errors: list[Exception] = []
+        while self._undo:
+            what, undo = self._undo.pop()
+            try:
+                undo()
+            except Exception as exc:  # noqa: BLE001 - collected and raised by the caller
+                log.debug("%s failed: %s", what, exc)
+                errors.append(exc)
+        return errors
+
+    # -- telemetry -----------------------------------------------------------------------------
+    def telemetry(self) -> dict | None:
+        """npu-smi's view of this card (health, temperature, power, memory, AI-core use), cached
+        process-wide for a few seconds; None where npu-smi is absent or telemetry is off. Makes no
+        pyACL call, so any thread (the status socket's) may ask."""
+        if not self.config.telemetry:
+            return None
+        return NPU_SMI.device(self.config.device_id)

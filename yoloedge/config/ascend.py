@@ -1,0 +1,75 @@
+"""The `ascend:` section of an accelerator: settings of the Huawei Ascend (pyACL) backend.
+
+Kept small on purpose. What the model is (labels, format, anchors, `input: aipp`) lives in the
+`model:` section, because an `.om` file carries no Ultralytics metadata and every accelerator runs
+the same model; the tensor shapes, data types and batch gears come from the `.om` itself.
+
+    ascend:
+      execute: sync          # sync: acl.mdl.execute; async: execute_async + synchronize_stream
+      source_onnx: yolov8n.onnx   # the ONNX the .om was converted from (for `yoloedge verify`)
+      telemetry: true        # npu-smi health/temperature/memory/AI-core in the worker status
+
+The loader keeps the validated values as a plain mapping in `AcceleratorConfig.options` (the place
+`yoloedge verify` reads `source_onnx` from); `backends.backend_config_for` turns it into an
+`AscendConfig` per device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .fields import INVALID, Boolean, Choice, Context, Text, mapping_or_report, read_fields
+from .yamltree import Item
+
+EXECUTE_MODES = ("sync", "async")
+
+
+@dataclass(frozen=True)
+class AscendConfig:
+    """Per-device settings handed to `AscendBackend`."""
+
+    #: the NPU (logical device id, as `acl.rt.set_device` and `npu-smi info`'s Device column use it).
+    device_id: int = 0
+    #: "sync": `acl.mdl.execute`; "async": `acl.mdl.execute_async` on the worker's stream, then
+    #: `acl.rt.synchronize_stream` (same result; lets the runtime queue the copies and the run).
+    execute: str = "sync"
+    #: the ONNX the .om was converted from, resolved against the config file's folder; only
+    #: `yoloedge verify` reads it (the backend records it, nothing at run time depends on it).
+    source_onnx: str | None = None
+    #: poll `npu-smi info` (cached for a few seconds) for the worker's status.
+    telemetry: bool = True
+
+
+def read_source_onnx(ctx: Context, item: Item) -> Any:
+    """A path, resolved against the config file's folder but not required to exist: it matters only
+    to `yoloedge verify` (which reports a missing file itself), never to the running daemon."""
+    text = Text(optional=True)(ctx, item)
+    if text is None or text is INVALID:
+        return text
+    return ctx.resolve_path(text)
+
+
+ASCEND_FIELDS = {
+    "execute": Choice(EXECUTE_MODES),
+    "source_onnx": read_source_onnx,
+    "telemetry": Boolean(),
+}
+
+
+def read_ascend_section(ctx: Context, item: Item | None) -> Any:
+    """The validated `ascend:` mapping (absent or null: all defaults); INVALID after a report."""
+    if item is None or item.value is None:
+        return {}
+    if mapping_or_report(ctx, item) is None:
+        return INVALID
+    values = read_fields(ctx, item, ASCEND_FIELDS)
+    if values is None or len(values) != len(item.value):
+        return INVALID  # an unknown key or a bad value was reported
+    return values
+
+
+def ascend_config(options: Mapping[str, Any], device: int) -> AscendConfig:
+    """The backend's settings for one device, from the validated section (an unknown key is a
+    TypeError: the loader lets none through, so it would be a programming error)."""
+    return AscendConfig(**{**dict(options), "device_id": device})
