@@ -5,7 +5,7 @@ with its file:line. Loading is pure: it reads the config file and checks that re
 (model, labels, TLS) exist, but never opens a camera, a device, a socket or the model itself, so
 `yoloedge check` and a SIGHUP reload can run it at any time.
 
-Decisions (see docs/configuration.md):
+Decisions (see the README, Configuration):
   * a section that is absent or null (`mqtt:` with everything commented out) takes its defaults;
   * `accelerators` absent or null means one ONNX Runtime accelerator on the CPU;
   * `cameras` may be empty: the daemon then idles;
