@@ -32,6 +32,13 @@ ensure_system_packages() {
 ensure_venv() {
   local extras="${1:-}" stamp
   if [ ! -x "$VENV/bin/python" ]; then
+    if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
+      # Debian and Ubuntu ship venv support separately.
+      local saved=("${SYSTEM_PACKAGES[@]}")
+      SYSTEM_PACKAGES=(python3-venv)
+      ensure_system_packages || return 1
+      SYSTEM_PACKAGES=("${saved[@]}")
+    fi
     echo "creating virtual environment $VENV" >&2
     python3 -m venv "$VENV"
   fi
