@@ -308,10 +308,17 @@ def test_unit_under_real_systemd(tmp_path, models, media):
     for f in ns.iterdir():
         f.chmod(0o644)
     shutil.copyfile(UNIT, units / "yoloedge.service")  # the shipped unit, unchanged
-    (units / "yoloedge.service.d" / "test.conf").write_text(DROP_IN)
+    drop_in = DROP_IN
+    if any(Path(p).resolve().is_relative_to("/tmp") for p in (REPO, REPO.parent / "shared", sys.base_prefix)):
+        # test only: CI may clone the checkout (and its venv, and the shared data) under /tmp,
+        # which PrivateTmp=yes replaces with an empty directory for the service.
+        drop_in += "PrivateTmp=no\n"
+    (units / "yoloedge.service.d" / "test.conf").write_text(drop_in)
     (units / "yoloedge-check.service").write_text(CHECK_UNIT)
 
     binds_ro = [str(REPO), str(REPO.parent / "shared")]
+    # Where either is a symlink, its target must be visible in the container too.
+    binds_ro += [str(Path(b).resolve()) for b in binds_ro if str(Path(b).resolve()) not in binds_ro]
     if not Path(sys.base_prefix).resolve().is_relative_to("/usr"):
         binds_ro.append(str(Path(sys.base_prefix).resolve()))
     for path in (Path(sys.prefix), VENV_YOLOEDGE.resolve(), models.resolve(), media.resolve()):
