@@ -559,3 +559,13 @@ def test_detections_to_dicts():
     assert rows[0] == {"label": "person", "class_id": 0, "score": 0.9, "box": [30.0, 18.0, 50.0, 38.0]}
     assert rows[1]["label"] == "bicycle"
     assert d.to_dicts([])[0]["label"] == "class0"
+
+
+def test_ultralytics_dynamic_export_with_open_anchor_axis_is_v8():
+    """`yolo export dynamic=True` gives output0 [-1, 4+nc, -1]; 9 channels = 4 + 5 classes."""
+    from yoloedge.model.spec import ModelMetadata, TensorSpec
+    from yoloedge.postprocess.layouts import detect_layout
+
+    out = TensorSpec("output0", (-1, 9, -1), np.dtype(np.float32))
+    layout = detect_layout([out], (320, 320), ModelMetadata(names=["a", "b", "c", "d", "e"]), num_classes=5)
+    assert layout.format == "v8" and layout.num_classes == 5 and not layout.transposed

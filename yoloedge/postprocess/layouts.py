@@ -91,6 +91,10 @@ def detect_layout(
             f"unrecognised YOLO output layout: outputs {describe(outputs)}; expected one [1, A, B] "
             f"tensor (v5/v8/e2e/yolox) or 3-4 feature maps (raw heads); set model.format to force one")
     a, b = out.shape[1], out.shape[2]
+    if a > 0 and b <= 0:
+        # Ultralytics' `dynamic=True` also opens the anchor axis of [1, 4+nc, N]; N follows from
+        # the input size, and the decoders read it from the actual output anyway.
+        b = grid_count(input_hw[0], input_hw[1], STRIDE_SETS[0])
     if a <= 0 or b <= 0:
         raise LayoutError(f"output {out.name} has open dimensions {list(out.shape)}; set model.format")
     h, w = input_hw
