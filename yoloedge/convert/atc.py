@@ -15,12 +15,12 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ..backends.npu_smi import parse_npu_smi
 from .aipp import AippSettings, aipp_config
 from .source import ConvertError, SourceModel, fixed_batch_check, resolve_image_shape
 
@@ -30,22 +30,11 @@ MIN_GEARS, MAX_GEARS = 2, 100
 MAX_GEAR = 2048
 AUTO = "auto"
 
-#: the first line of a device in `npu-smi info`: "| 0     310P3     | OK     | ..." (NPU id, chip
-#: name, then the Health column). The line under it ("| 0  0  | 0000:01:00.0 | ...") has a bus id
-#: where Health would be, which tells the two apart whatever the product's other columns are.
-_DEVICE_ROW = re.compile(r"^\|\s*(\d+)\s+(\S+)\s*\|\s*(OK|Warning|Alarm|Critical|UNKNOWN)\b", re.IGNORECASE)
-
-
 # -- soc_version -------------------------------------------------------------------------------
 
 def chip_names(npu_smi_info: str) -> list[str]:
     """Chip names of every device listed by `npu-smi info` (e.g. ['310P3', '310P3'])."""
-    names = []
-    for line in npu_smi_info.splitlines():
-        m = _DEVICE_ROW.match(line.strip())
-        if m:
-            names.append(m.group(2))
-    return names
+    return [r["name"] for r in parse_npu_smi(npu_smi_info) if r.get("name")]
 
 
 def soc_version_from_npu_smi(npu_smi_info: str) -> str:
