@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 
 from yoloedge.config.errors import EX_CONFIG, ConfigError, ConfigIssue
@@ -57,7 +59,8 @@ def test_example_file_loads_when_its_model_exists(tmp_path, model):
     config = load(path, EXAMPLE_ENV)
     assert config.device_id == "edge-01"
     assert config.model.path == str(model)
-    assert [c.name for c in config.cameras] == ["gate", "lobby", "archive", "usb", "snapshots"]
+    assert [c.name for c in config.cameras] == ["gate", "lobby", "archive", "usb", "snapshots", "bench"]
+    assert config.cameras[5].url == "synthetic://1920x1080?fps=25" and config.cameras[5].enabled is False
     gate = config.cameras[0]
     assert gate.url == "rtsp://viewer:gate-secret@192.0.2.10:554/Streaming/Channels/101"
     assert gate.classes == ("person", "car", "truck") and gate.accelerator == "cpu"
@@ -236,6 +239,36 @@ def test_camera_url_forms(tmp_path, model):
                     str(tmp_path / "clips"), "/srv/snapshots"]
 
 
+def test_decode_threads(tmp_path, model):
+    path = write(tmp_path, f"""
+        device_id: edge-01
+        model: {{path: {model}}}
+        cameras:
+          - {{name: a, url: "rtsp://h/1"}}
+          - {{name: b, url: "rtsp://h/2", decode_threads: 0}}
+          - {{name: c, url: clip.mp4, decode_threads: 16}}
+        """)
+    assert [c.decode_threads for c in load(path).cameras] == [1, 0, 16]
+    assert CameraConfig(name="x", url="y").decode_threads == 1
+
+
+def test_synthetic_camera_urls(tmp_path, model):
+    (tmp_path / "frames").mkdir()
+    cv2.imwrite(str(tmp_path / "frames" / "gate 1.png"), np.zeros((4, 4, 3), np.uint8))
+    path = write(tmp_path, f"""
+        device_id: edge-01
+        model: {{path: {model}}}
+        cameras:
+          - {{name: a, url: "synthetic://1920x1080?fps=25"}}
+          - {{name: b, url: "SYNTHETIC://640X480?image=frames/gate%201.png&fps=12.5", fps: 5}}
+          - {{name: c, url: "synthetic://64x48?fps=30&image={tmp_path}/frames/gate%201.png"}}
+        """)
+    a, b, c = load(path).cameras
+    assert a.url == "synthetic://1920x1080?fps=25"
+    assert b.url == f"synthetic://640x480?fps=12.5&image={tmp_path}/frames/gate%201.png"  # resolved here
+    assert c.url == f"synthetic://64x48?fps=30&image={tmp_path}/frames/gate%201.png"
+
+
 def test_yaml_anchors_and_merge_keys(tmp_path, model):
     path = write(tmp_path, f"""
         device_id: edge-01
@@ -333,6 +366,28 @@ BAD = [
      "'front/door' is not allowed: must not contain '/', '+', '#'"),
     ("camera-missing-url", "cameras:\n  - name: a\n", 5, "cameras[0].url", "required key is missing"),
     ("bad-scheme", "cameras:\n  - name: a\n    url: rtmp://h/live\n", 6, "cameras[0].url", "unsupported scheme rtmp://"),
+    ("decode-threads-negative", "cameras:\n  - name: a\n    url: rtsp://h/s\n    decode_threads: -1\n", 7,
+     "cameras[0].decode_threads", "-1 is not allowed: must be a whole number from 0 to 16 (e.g. decode_threads: 1)"),
+    ("decode-threads-fraction", "cameras:\n  - name: a\n    url: a.mp4\n    decode_threads: 1.5\n", 7,
+     "cameras[0].decode_threads", "must be a whole number from 0 to 16"),
+    ("decode-threads-too-many", "cameras:\n  - name: a\n    url: a.mp4\n    decode_threads: 32\n", 7,
+     "cameras[0].decode_threads", "32 is not allowed: must be a whole number from 0 to 16"),
+    ("synthetic-bad-size", "cameras:\n  - name: a\n    url: synthetic://1920x0?fps=25\n", 6, "cameras[0].url",
+     "is not allowed: the size must be WIDTHxHEIGHT in pixels, each 1 to 8192, not '1920x0' (e.g. url: synthetic://"),
+    ("synthetic-without-fps", "cameras:\n  - name: a\n    url: synthetic://640x480\n", 6, "cameras[0].url",
+     "fps=F is missing"),
+    ("synthetic-fps-zero", "cameras:\n  - name: a\n    url: synthetic://640x480?fps=0\n", 6, "cameras[0].url",
+     "fps must be a number from 0.1 to 1000"),
+    ("synthetic-unknown-parameter", "cameras:\n  - name: a\n    url: synthetic://640x480?fps=5&imgae=x.jpg\n", 6,
+     "cameras[0].url", "unknown parameter 'imgae'"),
+    ("synthetic-image-missing", "cameras:\n  - name: a\n    url: synthetic://640x480?fps=5&image=nope.jpg\n", 6,
+     "cameras[0].url", "synthetic camera: image not found: "),
+    ("synthetic-image-not-an-image", "cameras:\n  - name: a\n    url: synthetic://640x480?fps=5&image={model}\n", 6,
+     "cameras[0].url", "synthetic camera: not an image OpenCV can read: "),
+    ("loop-on-synthetic", "cameras:\n  - name: a\n    url: synthetic://640x480?fps=5\n    loop: true\n", 7,
+     "cameras[0].loop", "only for files and folders"),
+    ("realtime-false-on-synthetic", "cameras:\n  - name: a\n    url: synthetic://640x480?fps=5\n    realtime: false\n", 7,
+     "cameras[0].realtime", "only for files and folders"),
     ("camera-index", "cameras:\n  - name: a\n    url: \"0\"\n", 6, "cameras[0].url", "write the device: url: /dev/video0"),
     ("backoff-order", "cameras:\n  - name: a\n    url: rtsp://h/s\n    backoff_initial_s: 5\n    backoff_max_s: 2\n", 8,
      "cameras[0].backoff_max_s", "must be >= backoff_initial_s (5)"),
@@ -524,4 +579,4 @@ def test_check_command_reads_env_files(tmp_path, model):
     env_file.write_text("# the service's EnvironmentFile\nCAM_GATE_PASSWORD='gate-secret'\n")
     result = run_check(path, "--env-file", str(env_file))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"{path}: OK (5 cameras, 1 accelerator)"
+    assert result.stdout.strip() == f"{path}: OK (6 cameras, 1 accelerator)"

@@ -1,12 +1,15 @@
 """The `cameras:` list: sources, how to read them, and what to publish.
 
 A url is rtsp(s)://, http(s):// (MJPEG), file:///path, /dev/videoN (or any /dev/ capture device),
-or a file or folder path. Camera files and folders are not checked for existence: media may be
-mounted or recorded later, and the source reports a missing file at run time.
+a file or folder path, or synthetic://WIDTHxHEIGHT?fps=F[&image=PATH] (one pre-decoded frame at a
+fixed rate, for benchmarks and dry runs). Camera files and folders are not checked for existence:
+media may be mounted or recorded later, and the source reports a missing file at run time. A
+synthetic camera's image is checked: it is part of the configuration, not media.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -15,11 +18,14 @@ from .fields import (INVALID, Boolean, Context, Integer, Number, Text, did_you_m
 from .schema import AcceleratorConfig, CameraConfig
 from .yamltree import Item
 
+NETWORK_SCHEMES = ("rtsp", "rtsps", "http", "https")
+SYNTHETIC_SCHEME = "synthetic"
 #: URL schemes of sources that never end, so they cannot be read losslessly.
-LIVE_SCHEMES = ("rtsp", "rtsps", "http", "https")
+LIVE_SCHEMES = NETWORK_SCHEMES + (SYNTHETIC_SCHEME,)
 FILE_SCHEME = "file"
-UNSUPPORTED_SCHEME = ("use rtsp://, rtsps://, http://, https://, file://, /dev/videoN, "
+UNSUPPORTED_SCHEME = ("use rtsp://, rtsps://, http://, https://, file://, synthetic://, /dev/videoN, "
                       "or a file or folder path")
+SYNTHETIC_HINT = "e.g. url: synthetic://1920x1080?fps=25 or synthetic://1280x720?fps=10&image=frames/gate.jpg"
 
 
 def read_camera_url(ctx: Context, item: Item) -> Any:
@@ -35,7 +41,9 @@ def read_camera_url(ctx: Context, item: Item) -> Any:
         if not rest.startswith("/"):
             return ctx.bad_value(item, "a file:// URL needs an absolute path", "e.g. file:///srv/videos/gate.mp4")
         return url
-    if scheme not in LIVE_SCHEMES:
+    if scheme == SYNTHETIC_SCHEME:
+        return _synthetic_url(ctx, item, url)
+    if scheme not in NETWORK_SCHEMES:
         return ctx.bad_value(item, f"unsupported scheme {scheme}://: {UNSUPPORTED_SCHEME}")
     return _network_url(ctx, item, url)
 
@@ -59,6 +67,24 @@ def _network_url(ctx: Context, item: Item, url: str) -> Any:
     return url
 
 
+def _synthetic_url(ctx: Context, item: Item, url: str) -> Any:
+    """The URL in canonical form, its image path resolved from the config file's folder; the image
+    must exist and look like an image (its signature is read, not the whole file)."""
+    # Imported here: the source module loads OpenCV, which only a synthetic camera needs at this point.
+    from ..sources.capture import UnsupportedSourceError, parse_synthetic_url, synthetic_image_problem
+    try:
+        spec = parse_synthetic_url(url)
+    except UnsupportedSourceError as exc:
+        return ctx.bad_value(item, str(exc), SYNTHETIC_HINT)
+    if spec.image is None:
+        return spec.url
+    spec = dataclasses.replace(spec, image=ctx.resolve_path(spec.image))
+    problem = synthetic_image_problem(spec.image)
+    if problem is not None:
+        return ctx.problem(item, f"synthetic camera: {problem}")
+    return spec.url
+
+
 def read_camera_classes(ctx: Context, item: Item) -> Any:
     if item.value is None:
         return None
@@ -77,6 +103,7 @@ CAMERA_FIELDS = {
     "min_score": Number(ge=0, le=1, optional=True, example=0.5),
     "open_timeout_s": Number(gt=0, example=10),
     "read_timeout_s": Number(gt=0, example=10),
+    "decode_threads": Integer(ge=0, le=16, example=1),
     "backoff_initial_s": Number(gt=0, example=1),
     "backoff_max_s": Number(gt=0, example=30),
     "max_retries": Integer(ge=0, example=0),
@@ -113,7 +140,8 @@ def read_camera(ctx: Context, item: Item) -> Any:
 
 
 def is_live_url(url: str) -> bool:
-    """Network streams and capture devices (also as file:///dev/...) never end; files and folders do."""
+    """Network streams, synthetic sources and capture devices (also as file:///dev/...) never end;
+    files and folders do."""
     scheme, sep, _ = url.partition("://")
     if sep and scheme.lower() in LIVE_SCHEMES:
         return True

@@ -34,7 +34,7 @@ class AcceleratorConfig:
 @dataclass(frozen=True)
 class CameraConfig:
     name: str
-    url: str  # rtsp(s)://, http(s)://, file path or file://, /dev/videoN, image folder
+    url: str  # rtsp(s)://, http(s)://, file path or file://, /dev/videoN, image folder, synthetic://
     enabled: bool = True
     #: frames per second to process; None: every frame the source delivers.
     fps: float | None = None
@@ -46,6 +46,10 @@ class CameraConfig:
     min_score: float | None = None  # publish only detections at least this confident
     open_timeout_s: float = 10.0
     read_timeout_s: float = 10.0
+    #: FFmpeg decoder threads for files and network streams; 0: OpenCV's default (one per CPU core,
+    #: at most 16). One per camera: many cameras already use every core, and each decoder thread
+    #: adds a thread and its own decoded pictures (memory) per camera.
+    decode_threads: int = 1
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 30.0
     #: consecutive failed connection attempts after which the camera is marked failed; 0: never.

@@ -1,4 +1,5 @@
-"""Opening a camera URL as a frame source: RTSP, HTTP MJPEG, video files, V4L2 devices, image folders.
+"""Opening a camera URL as a frame source: RTSP, HTTP MJPEG, video files, V4L2 devices, image folders,
+and synthetic frames (benchmarks and dry runs).
 
 Every source has the same small surface -- `read()` returning a BGR image or None, `eof` and
 `error` to tell the end of a finite source from a failure, `is_live`, `nominal_fps`, `release()` --
@@ -6,16 +7,29 @@ so the reader's state machine does not care where frames come from.
 
 A source is used by one thread only, from open to release: OpenCV captures are not safe to
 release while another thread is inside read(), so the reader never shares one.
+
+FFmpeg decodes files and network streams with `decode_threads` threads per camera (default 1).
+OpenCV's own default is one decoder thread per CPU core (at most 16) for every capture; with frame
+threading each of those threads holds its own decoded pictures, and a decoder of N threads hands
+out a frame only N-1 frames late. On a 2-core box a 1080p H.264 camera then costs 3 more threads
+and 4-7 MB more memory than with one thread, and both grow with the core count. An appliance reads
+many cameras at once, so the parallelism comes from the cameras, not from inside one decoder; one
+thread decodes 1080p H.264 at about 200 frames/s on an x86 core.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
+import threading
+import time
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from typing import Callable
+from urllib.parse import quote, unquote, urlsplit
 
 import cv2
 import numpy as np
@@ -29,6 +43,18 @@ IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".
 #: a reported frame rate outside this range is a container default or garbage, not information
 _PLAUSIBLE_FPS = (0.1, 1000.0)
 _URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+#: FFmpeg decoder threads per camera unless configured (CameraConfig.decode_threads); 0: OpenCV's default
+DEFAULT_DECODE_THREADS = 1
+#: the open parameter that sets FFmpeg's decoder thread count (OpenCV 4.7+); None in older OpenCV
+_N_THREADS_PROP: int | None = getattr(cv2, "CAP_PROP_N_THREADS", None)
+_noted: set[str] = set()
+_noted_lock = threading.Lock()
+
+SYNTHETIC_SCHEME = "synthetic://"
+#: largest synthetic frame side (8K is 7680x4320); a typo must not allocate gigabytes
+SYNTHETIC_MAX_SIDE = 8192
+_SYNTHETIC_SIZE = re.compile(r"^([0-9]+)[xX]([0-9]+)$")
 
 
 class SourceError(YoloedgeError):
@@ -45,10 +71,11 @@ class SourceKind(str, Enum):
     FILE = "file"
     V4L2 = "v4l2"
     FOLDER = "folder"
+    SYNTHETIC = "synthetic"  # one pre-decoded frame, delivered at a fixed rate (benchmarks, dry runs)
 
     @property
     def is_live(self) -> bool:
-        return self in (SourceKind.RTSP, SourceKind.HTTP, SourceKind.V4L2)
+        return self in (SourceKind.RTSP, SourceKind.HTTP, SourceKind.V4L2, SourceKind.SYNTHETIC)
 
 
 def source_kind(url: str) -> SourceKind:
@@ -58,6 +85,8 @@ def source_kind(url: str) -> SourceKind:
         return SourceKind.RTSP
     if lower.startswith(("http://", "https://")):
         return SourceKind.HTTP
+    if lower.startswith(SYNTHETIC_SCHEME):
+        return SourceKind.SYNTHETIC
     if _URL_SCHEME.match(url) and not lower.startswith("file://"):
         raise UnsupportedSourceError(f"unsupported camera URL scheme: {redact_url(url)}")
     path = local_path(url)
@@ -76,6 +105,42 @@ def local_path(url: str) -> str:
 def plausible_fps(value: float) -> float | None:
     low, high = _PLAUSIBLE_FPS
     return float(value) if low <= value <= high else None
+
+
+def _note_once(msg: str, *args: object) -> None:
+    """A debug line the first time only: said per process, not per camera or reconnect."""
+    with _noted_lock:
+        if msg in _noted:
+            return
+        _noted.add(msg)
+    log.debug(msg, *args)
+
+
+def decode_thread_params(decode_threads: int) -> list[int]:
+    """VideoCapture open parameters that give FFmpeg's decoder `decode_threads` threads.
+
+    0 (or less) passes nothing: OpenCV then picks one thread per CPU core, at most 16
+    (OPENCV_FFMPEG_THREADS overrides that). The count must be given to the constructor: set()
+    after opening is refused. An OpenCV without CAP_PROP_N_THREADS (before 4.7) cannot limit it;
+    then nothing is passed either -- an unknown open parameter would make FFmpeg refuse to open.
+    """
+    if decode_threads <= 0:
+        return []
+    if _N_THREADS_PROP is None:
+        _note_once("OpenCV %s has no CAP_PROP_N_THREADS: decode_threads is ignored, FFmpeg uses "
+                   "OpenCV's default decoder threads", cv2.__version__)
+        return []
+    return [_N_THREADS_PROP, int(decode_threads)]
+
+
+def _check_decode_threads(cap: cv2.VideoCapture, decode_threads: int) -> None:
+    """Say once in the debug log when the backend did not take the thread count (e.g. a plugin)."""
+    if decode_threads <= 0 or _N_THREADS_PROP is None:
+        return
+    used = int(cap.get(_N_THREADS_PROP))
+    if used != decode_threads:
+        _note_once("FFmpeg decodes with %d threads, not the %d decode_threads asks for "
+                   "(this OpenCV backend does not honour CAP_PROP_N_THREADS)", used, decode_threads)
 
 
 class Source:
@@ -134,11 +199,13 @@ class VideoFileSource(Source):
     kind = SourceKind.FILE
     is_live = False
 
-    def __init__(self, path: str, loop: bool, camera: str | None = None):
+    def __init__(self, path: str, loop: bool, camera: str | None = None,
+                 decode_threads: int = DEFAULT_DECODE_THREADS):
         super().__init__(path, camera)
         self._path = path
         self._loop = loop
-        self._cap: cv2.VideoCapture | None = open_video_file(path)
+        self._decode_threads = decode_threads
+        self._cap: cv2.VideoCapture | None = open_video_file(path, decode_threads)
         self.nominal_fps = plausible_fps(self._cap.get(cv2.CAP_PROP_FPS))
         self.frame_count = max(0, int(self._cap.get(cv2.CAP_PROP_FRAME_COUNT)))
         self._frames_this_pass = 0
@@ -174,7 +241,7 @@ class VideoFileSource(Source):
         log.debug("%s: end of file, starting again (loop)", self._path, extra={"camera": self.camera})
         self.release()
         self._frames_this_pass = 0
-        self._cap = open_video_file(self._path)
+        self._cap = open_video_file(self._path, self._decode_threads)
 
     def _note_end(self) -> None:
         """A finite file that yielded frames has ended; one that never yielded any is broken."""
@@ -252,32 +319,191 @@ def list_images(folder: str) -> list[str]:
             and os.path.isfile(os.path.join(folder, n))]
 
 
-def open_video_file(path: str) -> cv2.VideoCapture:
+# -- synthetic frames ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """What `synthetic://WIDTHxHEIGHT?fps=F[&image=PATH]` asks for."""
+
+    width: int
+    height: int
+    fps: float
+    image: str | None = None  # None: a generated textured frame
+
+    @property
+    def url(self) -> str:
+        """The URL in canonical form (the image path percent-encoded where needed)."""
+        fps = f"{self.fps:.15g}"
+        image = "" if self.image is None else "&image=" + quote(self.image, safe="/")
+        return f"{SYNTHETIC_SCHEME}{self.width}x{self.height}?fps={fps}{image}"
+
+
+def parse_synthetic_url(url: str) -> SyntheticSpec:
+    """Read `synthetic://WIDTHxHEIGHT?fps=F&image=PATH`; raises UnsupportedSourceError saying what
+    is wrong (it can never work, so retrying is pointless). `image` is optional and
+    percent-decoded ('+' stays a plus: it is a path, not a form value); a relative path is left
+    as it is (the config resolves it from the config file's folder)."""
+    if not url.lower().startswith(SYNTHETIC_SCHEME):
+        raise UnsupportedSourceError(f"a synthetic URL starts with {SYNTHETIC_SCHEME}")
+    size, _, query = url[len(SYNTHETIC_SCHEME):].partition("?")
+    match = _SYNTHETIC_SIZE.match(size)
+    width, height = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    if not (1 <= width <= SYNTHETIC_MAX_SIDE and 1 <= height <= SYNTHETIC_MAX_SIDE):
+        shown = f", not {size!r}" if "@" not in size else ""  # never echo what looks like credentials
+        raise UnsupportedSourceError(f"the size must be WIDTHxHEIGHT in pixels, each 1 to {SYNTHETIC_MAX_SIDE}{shown}")
+    params: dict[str, str] = {}
+    for part in query.split("&") if query else ():
+        key, sep, value = part.partition("=")
+        if key not in ("fps", "image") or not sep:
+            raise UnsupportedSourceError(f"unknown parameter {key!r}: only fps=F and image=PATH")
+        if key in params:
+            raise UnsupportedSourceError(f"{key} is given twice")
+        params[key] = unquote(value)
+    if "fps" not in params:
+        raise UnsupportedSourceError("fps=F is missing: the frames per second to deliver")
+    low, high = _PLAUSIBLE_FPS
+    try:
+        fps = float(params["fps"])
+    except ValueError:
+        fps = math.nan
+    if not low <= fps <= high:  # also NaN
+        raise UnsupportedSourceError(f"fps must be a number from {low:g} to {high:g}, not {params['fps']!r}")
+    image = params.get("image")
+    if image is not None and not image.strip():
+        raise UnsupportedSourceError("image= is empty: give an image file, or leave image out for a generated frame")
+    return SyntheticSpec(width, height, fps, image)
+
+
+def synthetic_image_problem(path: str) -> str | None:
+    """Why `path` cannot be a synthetic camera's image, or None. Reads the file's signature only."""
+    if not os.path.exists(path):
+        return f"image not found: {path}"
+    if not os.path.isfile(path):
+        return f"image is not a file: {path}"
+    if not cv2.haveImageReader(path):
+        return f"not an image OpenCV can read: {path}"
+    return None
+
+
+def textured_frame(width: int, height: int) -> np.ndarray:
+    """A deterministic BGR test frame with gradients, a checkerboard and smooth detail, so that
+    resizing and encoding do real work (a flat frame would flatter them)."""
+    x = np.arange(width, dtype=np.float64)[None, :]
+    y = np.arange(height, dtype=np.float64)[:, None]
+    checker = ((np.arange(width)[None, :] // 48 + np.arange(height)[:, None] // 48) % 2) * 48.0 - 24.0
+    channels = (x * (255.0 / max(width - 1, 1)) + checker,
+                y * (255.0 / max(height - 1, 1)) + checker,
+                127.5 + 127.5 * np.sin(x / 23.0) * np.cos(y / 17.0) - checker)
+    frame = np.empty((height, width, 3), dtype=np.uint8)
+    for index, channel in enumerate(channels):
+        frame[:, :, index] = np.clip(np.broadcast_to(channel, (height, width)), 0, 255)
+    return frame
+
+
+def synthetic_frame(spec: SyntheticSpec) -> np.ndarray:
+    """The frame a synthetic source delivers: the image resized once to the requested size
+    (cv2.INTER_AREA to shrink, cv2.INTER_LINEAR otherwise), or `textured_frame`. Read-only."""
+    if spec.image is None:
+        frame = textured_frame(spec.width, spec.height)
+    else:
+        image = cv2.imread(spec.image, cv2.IMREAD_COLOR)
+        if image is None:
+            raise SourceError(synthetic_image_problem(spec.image) or f"{spec.image}: cannot decode image")
+        frame = resize_to(image, spec.width, spec.height)
+    frame = np.ascontiguousarray(frame)
+    frame.setflags(write=False)
+    return frame
+
+
+def resize_to(image: np.ndarray, width: int, height: int) -> np.ndarray:
+    """`image` at width x height; the image itself when it already is that size."""
+    if image.shape[1] == width and image.shape[0] == height:
+        return image
+    shrink = width <= image.shape[1] and height <= image.shape[0]
+    return cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+
+
+class SyntheticSource(Source):
+    """One pre-decoded frame, delivered `fps` times a second, forever: a camera without decoding.
+
+    Every read returns the same read-only ndarray (never a copy), so decoding and copying cost
+    nothing and benchmarks measure the rest of the pipeline. It is a live source: the reader does
+    not pace live sources, so read() paces itself. Frame k is due at start + k / fps on the
+    (monotonic) clock; read() sleeps until the next frame is due -- never longer than one frame
+    period, so a stop request waits at most that long. Oversleeping a little does not accumulate
+    (the schedule is kept), and a consumer that falls a whole period or more behind (a pause, a
+    slow accelerator) gets the frame at once and the schedule restarts from then: no burst of
+    back-to-back frames to catch up, as a live camera whose frames nobody read.
+
+    `clock` and `sleep` are injectable for tests.
+    """
+
+    kind = SourceKind.SYNTHETIC
+    is_live = True
+
+    def __init__(self, url: str, camera: str | None = None, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        try:
+            spec = parse_synthetic_url(url)
+        except UnsupportedSourceError as exc:
+            raise UnsupportedSourceError(f"{redact_url(url)}: {exc}") from exc
+        super().__init__(spec.url, camera)
+        self.spec = spec
+        self.nominal_fps = spec.fps
+        self._period = 1.0 / spec.fps
+        self._clock = clock
+        self._sleep = sleep
+        self._frame: np.ndarray | None = synthetic_frame(spec)
+        self._due: float | None = None  # when the next frame is due; None: at once
+
+    def read(self) -> np.ndarray | None:
+        frame = self._frame
+        if frame is None:
+            self.error = "source released"
+            return None
+        now = self._clock()
+        due = self._due
+        if due is None or now - due >= self._period:
+            due = now  # the first frame, or a whole period late: start the schedule again from now
+        elif due > now:
+            self._sleep(min(due - now, self._period))
+        self._due = due + self._period
+        return frame
+
+    def release(self) -> None:
+        self._frame = None
+
+
+def open_video_file(path: str, decode_threads: int = DEFAULT_DECODE_THREADS) -> cv2.VideoCapture:
     if not os.path.isfile(path):
         raise SourceError(f"{path}: no such file")
-    cap = cv2.VideoCapture(path, cv2.CAP_FFMPEG)
+    cap = cv2.VideoCapture(path, cv2.CAP_FFMPEG, decode_thread_params(decode_threads))
     if not cap.isOpened():
         cap.release()
         raise SourceError(f"{path}: cannot open video file")
+    _check_decode_threads(cap, decode_threads)
     return cap
 
 
 def open_stream(url: str, kind: SourceKind, open_timeout_s: float, read_timeout_s: float,
-                camera: str | None = None) -> CaptureSource:
+                camera: str | None = None, decode_threads: int = DEFAULT_DECODE_THREADS) -> CaptureSource:
     """Open an RTSP or HTTP stream with FFmpeg.
 
-    The timeouts must be given to the constructor: set() after opening is silently ignored, and
-    without them a silent camera blocks read() for OpenCV's built-in 30 s (research/infra.md).
+    The timeouts and the decoder thread count must be given to the constructor: set() after
+    opening is ignored, and without timeouts a silent camera blocks read() for OpenCV's built-in
+    30 s (research/infra.md).
     """
     params = [
         cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, max(1, int(open_timeout_s * 1000)),
         cv2.CAP_PROP_READ_TIMEOUT_MSEC, max(1, int(read_timeout_s * 1000)),
+        *decode_thread_params(decode_threads),
     ]
     safe = redact_url(url)
     cap = cv2.VideoCapture(url, cv2.CAP_FFMPEG, params)
     if not cap.isOpened():
         cap.release()
         raise SourceError(f"{safe}: cannot open stream")
+    _check_decode_threads(cap, decode_threads)
     return CaptureSource(kind, cap, safe, camera)
 
 
@@ -290,15 +516,19 @@ def open_v4l2(path: str, camera: str | None = None) -> CaptureSource:
 
 
 def open_source(url: str, *, loop: bool = False, open_timeout_s: float = 10.0,
-                read_timeout_s: float = 10.0, camera: str | None = None) -> Source:
+                read_timeout_s: float = 10.0, camera: str | None = None,
+                decode_threads: int = DEFAULT_DECODE_THREADS) -> Source:
     """Open `url` as the right kind of source. Raises SourceError (safe to log) on failure,
-    UnsupportedSourceError when the URL can never work. `camera` names it in log records."""
+    UnsupportedSourceError when the URL can never work. `camera` names it in log records.
+    `decode_threads` applies to what FFmpeg decodes (files and network streams)."""
     kind = source_kind(url)
     if kind in (SourceKind.RTSP, SourceKind.HTTP):
-        return open_stream(url, kind, open_timeout_s, read_timeout_s, camera)
+        return open_stream(url, kind, open_timeout_s, read_timeout_s, camera, decode_threads)
+    if kind is SourceKind.SYNTHETIC:
+        return SyntheticSource(url, camera)
     path = local_path(url)
     if kind is SourceKind.V4L2:
         return open_v4l2(path, camera)
     if kind is SourceKind.FOLDER:
         return ImageFolderSource(path, loop, camera)
-    return VideoFileSource(path, loop, camera)
+    return VideoFileSource(path, loop, camera, decode_threads)
