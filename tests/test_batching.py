@@ -21,7 +21,7 @@ from onnx_models import (  # noqa: E402
     make_dynamic_batch_v8_model,
     make_fixed_batch_v8_model,
 )
-from parity import mismatches  # noqa: E402
+from parity import mismatches, output_quantisation, tolerance_for  # noqa: E402
 from yoloedge.config import ModelConfig  # noqa: E402
 from yoloedge.detector import open_detector  # noqa: E402
 
@@ -199,7 +199,13 @@ def test_real_model_dynamic_copy_batches_like_single_frames(model_name, models, 
     det = open_detector(ModelConfig(path=str(dst)), max_batch=2)
     assert det.backend.batch_sizes == (1, 2)
 
-    # Raw outputs: one batch of 2 == two batches of 1.
+    # Raw outputs: one batch of 2 == two batches of 1. Every scale of the QDQ model is a constant and
+    # ONNX Runtime runs each frame of a batch through the same kernels (integer sums are exact in
+    # the fused ones), so batching must not move its outputs at all, not even by a quantisation
+    # step: compared exactly (bit-identical fused and unfused, 1 to 3 threads, on an AVX-512 VNNI
+    # CPU). The fp16 model keeps its 1e-4 relative allowance.
+    exact = output_quantisation(dst) is not None
+    assert exact == (model_name == "yolov8n_coco_int8_qdq.onnx")
     det.preprocess(images)
     batched = [o.copy() for o in det.backend.run(2)]
     singles = []
@@ -208,10 +214,15 @@ def test_real_model_dynamic_copy_batches_like_single_frames(model_name, models, 
         singles.append([o.copy() for o in det.backend.run(1)])
     for k in range(2):
         for b, s in zip(batched, singles[k]):
-            np.testing.assert_allclose(b[k].astype(np.float32), s[0].astype(np.float32),
-                                       rtol=1e-4, atol=1e-4 * float(np.abs(s[0]).max()))
+            if exact:
+                np.testing.assert_array_equal(b[k], s[0])
+            else:
+                np.testing.assert_allclose(b[k].astype(np.float32), s[0].astype(np.float32),
+                                           rtol=1e-4, atol=1e-4 * float(np.abs(s[0]).max()))
 
-    # Detections: batch [bus, zidane] in one call == one at a time; and both match the peer.
+    # Detections: batch [bus, zidane] in one call == one at a time; and both match the peer, under
+    # the parity rule for the model (one quantisation step of the QDQ model's scores, read from the
+    # graph: its default fused kernels differ by instruction set; see tests/parity.py).
     calls = CallCounter(monkeypatch, det)
     together = [r.to_dicts(det.labels) for r in det.detect(images)]
     assert calls.batches == [2]
@@ -219,7 +230,7 @@ def test_real_model_dynamic_copy_batches_like_single_frames(model_name, models, 
     assert together == apart
     for dets, stem in zip(together, ("bus", "zidane")):
         ref = json.loads((references / REFERENCES[model_name].format(stem)).read_text())
-        problems = mismatches(dets, ref["detections"])
+        problems = mismatches(dets, ref["detections"], tolerance_for(dst))
         assert not problems, "\n".join(problems)
     det.close()
 

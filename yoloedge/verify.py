@@ -9,11 +9,19 @@ The rule: every reference detection scoring >= 0.30 needs one of ours with the s
 IoU >= 0.90 and |score difference| <= 0.02; and none of ours scoring >= 0.30 may be left without a
 reference partner under the same rule. Partners below 0.30 count, so a detection that sits right at
 the threshold on one side and just under it on the other is not a disagreement.
+
+`Tolerance` holds those numbers. `STRICT` (the default, and what `yoloedge verify` applies) is the
+rule above. A model whose scores are the sigmoid of a requantised logit (static QDQ int8) computes
+them on a grid; for such a model a caller may also accept scores one grid step apart in logit space
+(`Tolerance.logit_step`, the step read from the model's graph): that is what two correct integer
+implementations of the same graph (ONNX Runtime's fused kernels per instruction set, its unfused
+float path) can differ by.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +36,9 @@ from .sources.capture import (IMAGE_SUFFIXES, SourceError, SourceKind, list_imag
 MIN_SCORE = 0.30
 MIN_IOU = 0.90
 MAX_SCORE_DIFF = 0.02
+#: stored scores are rounded to 6 decimals (the reference files, the JSON reports): half a unit of
+#: that on each side is no disagreement.
+SCORE_ROUNDING = 5e-7
 #: detections overlapping at least this much (same class) are paired for the diagnostics, even when
 #: they miss the rule: a colour swap moves scores by 0.2 but leaves the boxes where they are.
 PAIR_IOU = 0.50
@@ -47,10 +58,45 @@ def iou(a: Sequence[float], b: Sequence[float]) -> float:
     return inter / union if union > 0 else 0.0
 
 
-def partners(x: dict, y: dict) -> bool:
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-6), 1.0 - 1e-6)
+    return math.log(p / (1.0 - p))
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far two detections of one object may be apart and still agree.
+
+    Scores agree when they differ by at most `max_score_diff`, or, with `logit_step` > 0, when
+    their logits differ by at most `logit_step` (plus the 6-decimal rounding of stored scores).
+    The second test is for scores that are sigmoid(requantised logit): such scores lie on a grid,
+    and `logit_step`, the largest step of the requantisers feeding them, admits the neighbouring
+    grid point and nothing beyond it (two steps of the finest requantiser feeding the scores must
+    exceed it, which the caller checks). Boxes agree at IoU >= `min_iou`.
+    """
+
+    max_score_diff: float = MAX_SCORE_DIFF
+    min_iou: float = MIN_IOU
+    logit_step: float = 0.0
+
+    def scores_agree(self, a: float, b: float) -> bool:
+        if abs(a - b) <= self.max_score_diff:
+            return True
+        if self.logit_step <= 0:
+            return False
+        # d logit / d p = 1 / (p (1 - p)): the rounding of either score, seen in logit space.
+        slack = sum(SCORE_ROUNDING / max(p * (1.0 - p), 1e-12) for p in (a, b))
+        return abs(_logit(a) - _logit(b)) <= self.logit_step + slack
+
+
+#: the rule of this module's docstring; what `yoloedge verify` reports against.
+STRICT = Tolerance()
+
+
+def partners(x: dict, y: dict, tolerance: Tolerance = STRICT) -> bool:
     """True when two detections agree under the rule (class, IoU, score)."""
-    return (x["class_id"] == y["class_id"] and abs(x["score"] - y["score"]) <= MAX_SCORE_DIFF
-            and iou(x["box"], y["box"]) >= MIN_IOU)
+    return (x["class_id"] == y["class_id"] and tolerance.scores_agree(x["score"], y["score"])
+            and iou(x["box"], y["box"]) >= tolerance.min_iou)
 
 
 @dataclass(frozen=True)
@@ -71,7 +117,8 @@ class Comparison:
                 + [f"ours {o} has no reference partner" for o in self.extra])
 
 
-def compare_detections(ours: Sequence[dict], reference: Sequence[dict]) -> Comparison:
+def compare_detections(ours: Sequence[dict], reference: Sequence[dict],
+                       tolerance: Tolerance = STRICT) -> Comparison:
     """Apply the agreement rule; detections are dicts with class_id, score and box (x1 y1 x2 y2).
 
     Each reference detection takes the best-overlapping free one of ours that agrees with it, in
@@ -82,7 +129,7 @@ def compare_detections(ours: Sequence[dict], reference: Sequence[dict]) -> Compa
     for ref in sorted(reference, key=lambda d: -d["score"]):
         if ref["score"] < MIN_SCORE:
             continue
-        candidates = [i for i, o in enumerate(ours) if i not in used and partners(o, ref)]
+        candidates = [i for i, o in enumerate(ours) if i not in used and partners(o, ref, tolerance)]
         if not candidates:
             missing.append(ref)
             continue
@@ -90,7 +137,7 @@ def compare_detections(ours: Sequence[dict], reference: Sequence[dict]) -> Compa
         used.add(best)
         matched.append((ours[best], ref))
     extra = [o for i, o in enumerate(ours)
-             if i not in used and o["score"] >= MIN_SCORE and not any(partners(o, r) for r in reference)]
+             if i not in used and o["score"] >= MIN_SCORE and not any(partners(o, r, tolerance) for r in reference)]
     return Comparison(tuple(matched), tuple(missing), tuple(extra))
 
 
