@@ -115,7 +115,7 @@ def test_minimal_config_takes_the_documented_defaults(tmp_path, model):
     assert (a.backend, a.devices, a.batch, a.batch_timeout_ms, a.inference_timeout_s,
             a.max_consecutive_errors, a.options) == ("onnxruntime", (0,), 1, 10.0, 10.0, 5, {})
     assert a.onnxruntime == OnnxRuntimeConfig(provider="cpu", device_id=0, provider_options={}, intra_op_threads=0,
-                                              allow_fallback=False, graph_optimization="all", qdq_fusion=False,
+                                              allow_fallback=False, graph_optimization="all", qdq_fusion=True,
                                               io_binding=True)
     q = config.mqtt
     assert (q.host, q.port, q.username, q.password, q.tls, q.topic_prefix, q.qos, q.client_id, q.keepalive_s,
