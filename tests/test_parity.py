@@ -180,7 +180,7 @@ def test_the_qdq_tolerance_admits_one_step_and_not_two(models):
 def test_qdq_parity_with_and_without_fusion(ref_name, fused, models, media, references):
     """Two correct implementations of the same graph (fused int8 kernels, the float path), one
     rule: both agree with Ultralytics within one step. On an AVX-512 VNNI CPU the fused kernels give
-    the references exactly and the float path is one step off on 3 of the 5 bus.jpg detections."""
+    the references exactly and the float path is one step off on all 5 bus.jpg detections."""
     ref = json.loads((references / ref_name).read_text())
     detector = _detector(models, ref, OnnxRuntimeConfig(qdq_fusion=fused))
     ours = detector.detect([cv2.imread(str(media / ref["media"]))])[0].to_dicts(detector.labels)
@@ -199,8 +199,8 @@ def _qdq_parity_problems(models, media, references, stem, fused, **extra):
 @pytest.mark.parametrize("stem", ["bus", "zidane"])
 def test_qdq_tolerance_still_catches_bgr_input(stem, fused, models, media, references):
     """Feeding the QDQ model BGR instead of RGB fails parity on each shared image, one quantisation
-    step allowed or not: on zidane.jpg the tie drops from 0.665 to 0.335 (5.6 steps) and the
-    0.900 person to 0.772; on bus.jpg the 0.920 person falls two steps to 0.876."""
+    step allowed or not: on zidane.jpg the tie drops from 0.665 to 0.335 (six steps of its grid) and
+    the 0.900 person to 0.772; on bus.jpg the 0.920 person falls two steps to 0.876."""
     tol = tolerance_for(models / QDQ)
     detector, image, ref = _qdq_parity_problems(models, media, references, stem, fused)
     assert not mismatches(detector.detect([image])[0].to_dicts(detector.labels), ref["detections"], tol)
@@ -246,14 +246,15 @@ def test_qdq_tolerance_still_catches_a_letterbox_one_pixel_off(stem, fused, mode
         resized 1 px shorter         no  | no         yes | no
         resized 1 px smaller         yes | no         yes | yes
 
-    A one-pixel error moves each box by one input pixel, which costs at most 1 - (w-1)/(w+1) of IoU:
-    IoU stays >= 0.94 even for the narrowest shared box (34 input pixels), so only the model's
-    response can show the error. The int8 model's response is quantised: most scores stay on their
-    grid point or move to the next one, which is also what the fused and the unfused kernels differ
-    by. That is the resolution of the int8 model, not a hole the tolerance opened: with the strict
-    rule, the dynamically quantised v8 misses 1 px down on bus.jpg and 1 px right/up on zidane.jpg,
-    and YOLOX misses 1 px up/down on bus.jpg (only the fp16 YOLOv5, whose float scores move by
-    many small amounts, fails all of them). The picture moved left is the one-pixel error this rule
+    A one-pixel error moves a box edge by at most one input pixel, which costs at most
+    1 - (w-1)/(w+1) of IoU: IoU stays >= 0.94 even for the narrowest shared box (34 input pixels),
+    so only the model's response can show the error. The int8 model's response is quantised: most
+    scores stay on their grid point or move to the next one, which is also what the fused and the
+    unfused kernels differ by. That is the resolution of the int8 model, not a hole the tolerance
+    opened: with the strict rule the dynamically quantised v8 misses 1 px down and 1 px narrower on
+    bus.jpg and 1 px right and up on zidane.jpg, and YOLOX misses 1 px up and down on bus.jpg and
+    1 px down on zidane.jpg (only the fp16 YOLOv5, whose float scores move by many small amounts,
+    fails all seven on both images). The picture moved left is the one-pixel error this rule
     catches on both images with both kernels, and it is what this test holds it to; a larger
     placement error is caught by the boxes alone (see the next test)."""
     tol = tolerance_for(models / QDQ)
