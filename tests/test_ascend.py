@@ -391,7 +391,7 @@ def test_without_ptr_to_numpy_the_view_comes_from_the_address(tiny_om):
     assert not hasattr(acl.util, "ptr_to_numpy")
     backend = opened(tiny_om, max_batch=2)
     try:
-        assert not backend._input.host.staged
+        assert not backend._input.hosts[0].staged
         backend.input_buffer[...] = 0.5
         np.testing.assert_allclose(class_scores(backend.run(2)[0]), 0.5, rtol=1e-5)
     finally:
@@ -403,7 +403,7 @@ def test_a_pyacl_whose_views_do_not_share_memory_is_staged_through_bytes(tiny_om
     monkeypatch.setattr(acl.util, "ptr_to_numpy", lambda p, s, t: real(p, s, t).copy())
     backend = opened(tiny_om, max_batch=4)
     try:
-        assert backend._input.host.staged
+        assert backend._input.hosts[0].staged
         buf = backend.input_buffer
         buf[...] = np.random.default_rng(5).random(buf.shape, dtype=np.float32)
         np.testing.assert_allclose(class_scores(backend.run(3)[0]), expected_scores(buf[:3]), rtol=1e-5)

@@ -330,3 +330,47 @@ def test_config_error_exits_78_before_starting_anything(tmp_path, models, mosqui
     assert "fpss" in daemon.log and "did you mean" in daemon.log
     assert notify.messages == []
     assert not Path(config["control"]["socket"]).exists()
+
+
+def test_a_dry_run_on_the_simulated_device_publishes_the_models_real_detections(
+        tmp_path, mosquitto, subscriber, notify, start_daemon):
+    """`backend: simulated` with synthetic cameras: no card, no camera, and still every camera's
+    messages carry what the model really finds on the image (the demo model on a demo frame),
+    mapped back to the camera's frame size, in frame order, from a device that reports busy time."""
+    from yoloedge import demo
+    from yoloedge.config import ModelConfig
+    from yoloedge.detector import open_detector
+
+    cap = cv2.VideoCapture(str(demo.clip_path()))
+    ok, shot = cap.read()
+    cap.release()
+    assert ok
+    image = tmp_path / "shot.png"
+    cv2.imwrite(str(image), shot)
+    height, width = shot.shape[:2]
+    real = open_detector(ModelConfig(path=str(demo.MODEL), labels=str(demo.LABELS)))
+    expected = real.detect([shot])[0].to_dicts(real.labels)
+    real.close()
+    assert expected
+
+    config = base_config(tmp_path, Path("unused"), mosquitto, [
+        {"name": f"sim{i}", "url": f"synthetic://{width}x{height}?fps=20&image={image}"} for i in range(3)])
+    config["model"] = {"path": str(demo.MODEL), "labels": str(demo.LABELS)}
+    config["accelerators"] = [{"name": "plan", "backend": "simulated", "batch": 4,
+                               "simulated": {"device_ms": [2, 1], "image": str(image)}}]
+    daemon, _ = start_daemon(config)
+    notify.wait_for("READY", "1", timeout=60)
+    assert subscriber.wait_for(
+        lambda ms: all(len(detections_by_frame(subscriber, f"sim{i}")) >= 20 for i in range(3)), 60), daemon.log
+    for i in range(3):
+        frames = detections_by_frame(subscriber, f"sim{i}")
+        assert list(frames) == sorted(frames), "published in frame order"
+        for msgs in frames.values():
+            msg = msgs[0]
+            assert (msg["width"], msg["height"]) == (width, height) and msg["model"] == "model.onnx"
+            assert not mismatches(msg["detections"], expected), mismatches(msg["detections"], expected)
+    report = status(config["control"]["socket"])
+    worker = report["accelerators"][0]
+    assert worker["backend"] == "simulated" and worker["busy_s"] > 0 and worker["healthy"]
+    assert "simulated device 0" in worker["description"]
+    assert daemon.stop() == 0

@@ -143,9 +143,9 @@ def test_busy_past_deadline_is_a_problem():
     tracker.register("onnxruntime0", 10.0)
     tracker.busy("onnxruntime0")
     assert tracker.check(now=105.0) == []
-    assert tracker.check(now=112.3) == ["onnxruntime0: inference running for 12.3 s (deadline 10 s)"]
+    assert [str(p) for p in tracker.check(now=112.3)] == ["onnxruntime0: inference running for 12.3 s (deadline 10 s)"]
     clock.now = 112.3
-    assert tracker.check() == ["onnxruntime0: inference running for 12.3 s (deadline 10 s)"]
+    assert [str(p) for p in tracker.check()] == ["onnxruntime0: inference running for 12.3 s (deadline 10 s)"]
     tracker.idle("onnxruntime0")
     assert tracker.check() == []
 
@@ -172,12 +172,12 @@ def test_failures_and_explicit_health():
     assert tracker.check() == []  # responsive again; one failure is below the limit
     tracker.busy("trt0")
     tracker.failed("trt0", RuntimeError("CUDA error 700"))
-    assert tracker.check() == ["trt0: 2 inferences in a row failed (last: RuntimeError: CUDA error 700)"]
+    assert [str(p) for p in tracker.check()] == ["trt0: 2 inferences in a row failed (last: RuntimeError: CUDA error 700)"]
     tracker.busy("trt0")
     tracker.idle("trt0")
     assert tracker.check() == []
     tracker.mark_unhealthy("trt0", "device lost")
-    assert tracker.check() == ["trt0: device lost"]
+    assert [str(p) for p in tracker.check()] == ["trt0: device lost"]
     assert tracker.snapshot()[0].state == "unhealthy"
     tracker.mark_healthy("trt0")
     assert tracker.check() == []

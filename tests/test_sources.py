@@ -18,9 +18,8 @@ import pytest
 
 from fixtures_media import free_port
 from yoloedge.config.schema import CameraConfig
-from yoloedge.pipeline.frames import Frame
 from yoloedge.pipeline.queues import FrameQueue
-from yoloedge.sources import CameraReader, CameraState
+from yoloedge.sources import CameraReader, CameraState, Frame
 from yoloedge.sources import reader as reader_module
 from yoloedge.sources.capture import SourceError, SourceKind, open_source, source_kind
 from yoloedge.sources.reader import IndexSampler, TimeSampler
@@ -48,12 +47,14 @@ class Seen:
 
 
 class Collector:
-    """Consumes a camera's queue in the background, as the batcher would."""
+    """Consumes a camera's queue in the background, as the preparers would; the reader's sink is
+    the queue's put, as in the daemon."""
 
     def __init__(self, name: str = "cam", size: int = 2, lossless: bool = False, keep_images: int = 0,
                  delay_s: float = 0.0):
-        self.cond = threading.Condition()
-        self.queue = FrameQueue(name, size, lossless, self.cond)
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.queue = FrameQueue(name, size, lossless, self.lock, self.cond)
         self.seen: list[Seen] = []
         self._keep_images = keep_images
         self._delay_s = delay_s
@@ -132,7 +133,7 @@ def run_reader():
 
     def start(config: CameraConfig, collector: Collector, stall_timeout_s: float = STALL_TIMEOUT_S):
         states = StateLog()
-        reader = CameraReader(config, collector.queue, stall_timeout_s, on_state=states)
+        reader = CameraReader(config, collector.queue.put, stall_timeout_s, on_state=states)
         started.append((reader, collector))
         reader.start()
         return reader, states
@@ -204,7 +205,7 @@ def test_file_not_realtime_delivers_every_frame_once_in_order(media, run_reader)
     assert collector.seqs == list(range(84))
     assert {s.shape for s in collector.seen} == {(480, 640, 3)}
     stats = reader.stats()
-    assert (stats["frames_in"], stats["frames_out"], stats["queue_drops"], stats["sampled_out"]) == (84, 84, 0, 0)
+    assert (stats["frames_in"], stats["frames_out"], collector.queue.dropped, stats["sampled_out"]) == (84, 84, 0, 0)
     assert states.states == [CameraState.CONNECTING, CameraState.STREAMING, CameraState.ENDED]
     assert reader.join(5)
 
@@ -230,7 +231,7 @@ def test_file_realtime_is_paced_at_the_files_frame_rate(media, run_reader):
     assert collector.wait_count(31, 10)
     elapsed = collector.seen[30].mono - start  # 30 frame periods at 15 fps = 2.0 s
     assert 1.6 < elapsed < 3.0
-    assert reader.stats()["queue_drops"] == 0  # a consumer keeping up never loses paced frames
+    assert collector.queue.dropped == 0  # a consumer keeping up never loses paced frames
 
 
 def test_fps_sampling_by_frame_index_for_files(media, run_reader):
@@ -468,7 +469,7 @@ def test_stop_while_a_read_is_blocked_returns_promptly(mjpeg_server, run_reader)
 def test_stop_before_start_never_opens(media):
     collector = Collector()
     states = StateLog()
-    reader = CameraReader(camera(media / AVI), collector.queue, 2.0, on_state=states)
+    reader = CameraReader(camera(media / AVI), collector.queue.put, 2.0, on_state=states)
     reader.stop()
     reader.start()
     assert reader.state is CameraState.STOPPED and states.states == [CameraState.STOPPED]

@@ -155,34 +155,34 @@ class AippOnnxBackend(Backend):
         options = dict(options or {})
         self.aipp = parse_aipp(options["aipp_cfg"])
         self.inner = OnnxRuntimeBackend(model_path)
-        self._buf = None
+        self._bufs: list[np.ndarray] = []
 
-    def open(self, max_batch: int = 1, input_hw=None) -> ModelSpec:
-        spec = self.inner.open(max_batch, input_hw)
+    def open(self, max_batch: int = 1, input_hw=None, *, input_sets: int = 1, output_sets: int = 1) -> ModelSpec:
+        spec = self.inner.open(max_batch, input_hw, output_sets=output_sets)
         n, c, h, w = spec.input.shape
         if (int(self.aipp["src_image_size_w"]), int(self.aipp["src_image_size_h"])) != (w, h):
             raise ValueError("aipp.cfg image size differs from the model input")
-        self._buf = np.zeros((n, h, w, c), np.uint8)
+        self._bufs = [np.zeros((n, h, w, c), np.uint8) for _ in range(input_sets)]
         return ModelSpec(spec.path, (TensorSpec(spec.input.name, (n, h, w, c), np.dtype(np.uint8)),),
                          spec.outputs, spec.metadata)
 
     @property
-    def input_buffer(self) -> np.ndarray:
-        return self._buf
+    def input_buffers(self) -> list[np.ndarray]:
+        return self._bufs
 
     @property
     def max_batch(self) -> int:
         return self.inner.max_batch
 
-    def run(self, n: int):
-        x = self._buf[:n].astype(np.float32)
+    def run(self, n: int, input_set: int = 0, output_set: int = 0):
+        x = self._bufs[input_set][:n].astype(np.float32)
         if self.aipp["rbuv_swap_switch"] == "true":
             x = x[..., ::-1]
         for i in range(3):
             x[..., i] = ((x[..., i] - float(self.aipp[f"mean_chn_{i}"]) - float(self.aipp[f"min_chn_{i}"]))
                          * float(self.aipp[f"var_reci_chn_{i}"]))
         self.inner.input_buffer[:n] = x.transpose(0, 3, 1, 2)
-        return self.inner.run(n)
+        return self.inner.run(n, 0, output_set)
 
     def close(self) -> None:
         self.inner.close()

@@ -1,10 +1,14 @@
 """`yoloedge run`: the long-running daemon, from start-up to a staged, bounded shutdown.
 
+The daemon only wires the parts together, starts them, reloads and stops them; the frames' path
+lives in `pipeline/` (readers -> queues -> preparers -> device workers -> post-processing ->
+`pipeline.results` -> MQTT).
+
 Start-up order: control socket (so `yoloedge-ctl status` answers while models load), MQTT
 (connects in the background), accelerators (load + warm up every model), then READY=1 and
 `online`, then the cameras. Shutdown reverses it: stop the readers, drain what is queued
-(bounded by `shutdown_timeout_s`), stop the device workers (each frees its device on its own
-thread), stop post-processing, publish `stopped`, disconnect, close the socket.
+(bounded by `shutdown_timeout_s`), stop the preparers, stop the device workers (each frees its
+device on its own thread), stop post-processing, publish `stopped`, disconnect, close the socket.
 
 Signal handlers only set flags; the main loop acts on them. SIGHUP reloads the configuration:
 cameras and MQTT settings change without touching models or devices; an invalid file is
@@ -21,29 +25,44 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
+from enum import Enum
 from typing import Mapping
 
 from . import __version__
-from .config.errors import ConfigError
+from .config.errors import ConfigError, ConfigIssue
 from .config.loader import load_config
 from .config.schema import CameraConfig, Config
 from .control.server import ControlServer
 from .health.notify import SystemdNotifier, watchdog_interval_s
-from .health.progress import ProgressTracker
-from .pipeline.cameras import LOSSLESS_DEPTH_PER_BATCH, CameraRuntime, is_lossless
-from .pipeline.frames import Frame
+from .health.progress import Problem, ProgressTracker
+from .pipeline.cameras import CameraRuntime, is_lossless, queue_size_for
 from .pipeline.groups import AcceleratorGroup
-from .postprocess import Detections
-from .publish.messages import camera_state_message, detection_message, filter_detections, iso_utc
+from .pipeline.results import ResultPublisher
+from .pipeline.worker import WorkerState
 from .publish.mqtt import MqttPublisher
 from .sources.reader import CameraReader
+from .sources.state import CameraState
+from .timeutil import utc_timestamp
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 TICK_S = 0.1
+#: camera states that make the daemon report a problem (for an enabled camera)
+UNHEALTHY_CAMERA_STATES = frozenset({CameraState.STALLED, CameraState.BACKOFF, CameraState.FAILED,
+                                     CameraState.CONNECTING})
+
+
+class DaemonState(str, Enum):
+    STARTING = "starting"  # loading models; the control socket already answers
+    RUNNING = "running"
+    RELOADING = "reloading"  # applying a new configuration file
+    STOPPING = "stopping"  # staged shutdown under way
+    STOPPED = "stopped"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 def accelerator_names(config: Config) -> list[str]:
@@ -57,7 +76,7 @@ class Daemon:
         self.environ = dict(environ)
         self.notifier = SystemdNotifier(environ.get("NOTIFY_SOCKET"))
         self.tracker = ProgressTracker()
-        self.state = "starting"
+        self.state = DaemonState.STARTING
         self.started_mono = time.monotonic()
         self.generation = 1
         self.config_error: str | None = None
@@ -71,6 +90,7 @@ class Daemon:
         self._reload_done = threading.Condition()
         self._signals = 0
         self._lock = threading.RLock()  # guards cameras/publisher against the control thread
+        self.results = ResultPublisher(self.cameras, lambda: self.publisher, config.model.path)
 
     # -- public entry ------------------------------------------------------------------------
     def run(self) -> int:
@@ -105,15 +125,15 @@ class Daemon:
         log.info("yoloedge %s starting: config %s, device_id %s", __version__, self.config_path, cfg.device_id)
         self.notifier.status("starting: loading models")
         self._start_control()
-        self._start_publisher(cfg)
+        publisher = self._start_publisher(cfg)
         if not self._start_accelerators(cfg):
             return EXIT_FAILURE
         if self._stop.is_set():
             return EXIT_OK
         for camera in cfg.cameras:
             self._add_camera(camera)
-        self.state = "running"
-        self.publisher.set_status("online")
+        self.state = DaemonState.RUNNING
+        publisher.set_status("online")
         self.notifier.ready(self._status_line())
         log.info("ready: %d accelerator device(s), %d camera(s)",
                  sum(len(g.running_workers) for g in self.groups.values()), len(self.cameras))
@@ -129,18 +149,19 @@ class Daemon:
             log.error("control socket %s unavailable (%s); yoloedge-ctl will not reach this daemon", path, exc)
             self.control = None
 
-    def _start_publisher(self, cfg: Config) -> None:
-        self.publisher = MqttPublisher(cfg.mqtt, cfg.device_id, __version__)
-        self.publisher.start()
+    def _start_publisher(self, cfg: Config) -> MqttPublisher:
+        self.publisher = publisher = MqttPublisher(cfg.mqtt, cfg.device_id, __version__)
+        publisher.start()
+        return publisher
 
     def _start_accelerators(self, cfg: Config) -> bool:
         for name, acc in zip(accelerator_names(cfg), cfg.accelerators):
-            group = AcceleratorGroup(name, acc, cfg.model, self.tracker, self._on_result)
+            group = AcceleratorGroup(name, acc, cfg.model, self.tracker, self.results)
             self.groups[name] = group
             group.start()
         for group in self.groups.values():
             group.wait_ready(self._stop)
-        failed = [w for g in self.groups.values() for w in g.workers if w.state == "failed"]
+        failed = [w for g in self.groups.values() for w in g.workers if w.state is WorkerState.FAILED]
         for w in failed:
             log.error("accelerator %s failed to start: %s", w.worker_name, w.startup_error)
         if all(not g.running_workers for g in self.groups.values()) and not self._stop.is_set():
@@ -160,16 +181,15 @@ class Daemon:
         self._warn_unknown_classes(camera, group)
         queue = reader = None
         if camera.enabled:
-            lossless = is_lossless(camera)
-            size = max(camera.queue_size, LOSSLESS_DEPTH_PER_BATCH * group.config.batch) if lossless \
-                else camera.queue_size
-            queue = group.batcher.add_camera(camera.name, size, lossless)
-            reader = CameraReader(camera, queue, self.config.health.stall_timeout_s, self._on_camera_state)
+            queue = group.batcher.add_camera(camera.name, queue_size_for(camera, group.config.batch),
+                                             is_lossless(camera))
+            reader = CameraReader(camera, queue.put, self.config.health.stall_timeout_s,
+                                  self.results.camera_state)
         runtime = CameraRuntime(camera, group.name, queue, reader)
         with self._lock:
             self.cameras[camera.name] = runtime
         if reader is None:
-            self._on_camera_state(camera.name, "disabled", "enabled: false")
+            self.results.camera_state(camera.name, CameraState.DISABLED, "enabled: false")
         runtime.start()
 
     @staticmethod
@@ -199,32 +219,6 @@ class Daemon:
         if clear_state and self.publisher is not None:
             self.publisher.clear_camera(name)
 
-    def _on_camera_state(self, camera: str, state, reason: str | None) -> None:
-        state_name = getattr(state, "value", state)
-        publisher = self.publisher
-        if publisher is not None:
-            publisher.publish_camera_state(camera, camera_state_message(camera, str(state_name), reason, time.time()))
-
-    # -- results -----------------------------------------------------------------------------
-    def _on_result(self, frame: Frame, dets: Detections, detector) -> None:
-        runtime = self.cameras.get(frame.camera)
-        if runtime is None:  # removed by a reload while its frames were in flight
-            return
-        cam = runtime.config
-        classes = frozenset(cam.classes) if cam.classes is not None else None
-        dets = filter_detections(dets, detector.labels, classes, cam.min_score)
-        if not len(dets) and not cam.publish_empty:
-            return
-        now = time.monotonic()
-        message = detection_message(frame.camera, frame.seq, frame.capture_time, dets, detector.labels,
-                                    Path(self.config.model.path).name, (now - frame.capture_mono) * 1000)
-        if self.publisher.publish_detections(frame.camera, message):
-            runtime.published_frames += 1
-            runtime.published.mark()
-            runtime.record_latency(frame.timings, frame.capture_mono, now)
-        else:
-            runtime.publish_failures += 1
-
     # -- main loop ---------------------------------------------------------------------------
     def _main_loop(self) -> None:
         watchdog_every = watchdog_interval_s(self.environ, os.getpid()) if self.config.health.watchdog else None
@@ -240,19 +234,21 @@ class Daemon:
                     self.notifier.watchdog()
                     last_ping = now
                 elif now - last_ping >= watchdog_every * 2:
-                    log.error("not petting the systemd watchdog: %s", "; ".join(problems))
+                    log.error("not petting the systemd watchdog: %s", "; ".join(map(str, problems)))
             if now - last_status >= self.config.health.status_interval_s:
                 self.notifier.status(self._status_line())
                 last_status = now
-            if now - last_stats >= self.config.mqtt.stats_interval_s:
-                self.publisher.publish_stats(self._stats_message())
+            publisher = self.publisher
+            if publisher is not None and now - last_stats >= self.config.mqtt.stats_interval_s:
+                publisher.publish_stats(self._stats_message())
                 last_stats = now
             self._stop.wait(TICK_S)
 
     def _status_line(self) -> str:
-        cams = [c.status() for c in self.cameras.values()]
-        streaming = sum(1 for c in cams if c["state"] == "streaming")
-        enabled = sum(1 for c in self.cameras.values() if c.config.enabled)
+        with self._lock:
+            cameras = list(self.cameras.values())
+        streaming = sum(1 for c in cameras if c.state is CameraState.STREAMING)
+        enabled = sum(1 for c in cameras if c.config.enabled)
         rate = sum(w.frames_done.rate() for g in self.groups.values() for w in g.workers)
         mqtt = "connected" if self.publisher and self.publisher.stats().get("connected") else "disconnected"
         problems = self.tracker.check()
@@ -262,7 +258,7 @@ class Daemon:
 
     # -- reload ------------------------------------------------------------------------------
     def _do_reload(self) -> None:
-        self.state = "reloading"
+        self.state = DaemonState.RELOADING
         self.notifier.reloading()
         try:
             new = load_config(self.config_path, self.environ)
@@ -276,7 +272,7 @@ class Daemon:
             self.generation += 1
             self.config_error = None
             log.info("configuration reloaded: generation %d", self.generation)
-        self.state = "running"
+        self.state = DaemonState.RUNNING
         self.notifier.ready(self._status_line())
         with self._reload_done:
             self._reload_done.notify_all()
@@ -284,8 +280,6 @@ class Daemon:
     def _check_reloadable(self, new: Config) -> None:
         unknown = [c.name for c in new.cameras if c.accelerator and c.accelerator not in self.groups]
         if unknown:
-            from .config.errors import ConfigIssue
-
             raise ConfigError([ConfigIssue(self.config_path, 0, 0, "cameras", None,
                                            f"camera(s) {', '.join(unknown)} name an accelerator that is not "
                                            f"running; accelerators change only on restart", None)])
@@ -353,13 +347,14 @@ class Daemon:
             for w in group.workers:
                 entry = w.status()
                 entry["accelerator"] = group.name
-                entry["healthy"] = w.state == "running" and not any(p.startswith(w.worker_name) for p in problems)
+                entry["healthy"] = (w.state is WorkerState.RUNNING
+                                    and not any(p.source == w.worker_name for p in problems))
                 accelerators.append(entry)
         mqtt = self.publisher.stats() if self.publisher else {}
         return {
             "ok": True,
             "daemon": {
-                "state": self.state,
+                "state": self.state.value,
                 "pid": os.getpid(),
                 "version": __version__,
                 "device_id": self.config.device_id,
@@ -369,42 +364,41 @@ class Daemon:
                 "config_error": self.config_error,
                 "restart_needed_for": self.ignored_changes,
                 "healthy": not problems,
-                "problems": problems,
+                "problems": [str(p) for p in problems],
             },
             "accelerators": accelerators,
             "cameras": cameras,
             "mqtt": mqtt,
         }
 
-    def _problems(self) -> list[str]:
+    def _problems(self) -> list[Problem]:
         problems = list(self.tracker.check())
         for group in self.groups.values():
             for w in group.workers:
-                if w.state == "failed":
-                    problems.append(f"{w.worker_name}: failed to start: {w.startup_error}")
+                if w.state is WorkerState.FAILED:
+                    problems.append(Problem(w.worker_name, f"failed to start: {w.startup_error}"))
         with self._lock:
             for cam in self.cameras.values():
-                state = cam.status()["state"]
-                if cam.config.enabled and state in ("stalled", "backoff", "failed", "connecting"):
-                    problems.append(f"camera {cam.name}: {state}")
+                if cam.config.enabled and cam.state in UNHEALTHY_CAMERA_STATES:
+                    problems.append(Problem(f"camera {cam.name}", str(cam.state)))
         if self.publisher is not None and not self.publisher.stats().get("connected"):
-            problems.append("mqtt: not connected to the broker")
+            problems.append(Problem("mqtt", "not connected to the broker"))
         if self.config_error:
-            problems.append("the last reload was rejected (configuration error)")
+            problems.append(Problem("config", "the last reload was rejected (configuration error)"))
         return problems
 
     def _stats_message(self) -> dict:
         status = self.status()
-        return {"v": 1, "ts": iso_utc(time.time()), "uptime_s": status["daemon"]["uptime_s"],
+        return {"v": 1, "ts": utc_timestamp(), "uptime_s": status["daemon"]["uptime_s"],
                 "healthy": status["daemon"]["healthy"], "accelerators": status["accelerators"],
                 "cameras": status["cameras"], "mqtt": status["mqtt"]}
 
     # -- shutdown ----------------------------------------------------------------------------
     def _shutdown(self) -> None:
         """Staged and bounded; safe to call after a partial start-up."""
-        if self.state == "stopped":
+        if self.state is DaemonState.STOPPED:
             return
-        self.state = "stopping"
+        self.state = DaemonState.STOPPING
         deadline = time.monotonic() + self.config.shutdown_timeout_s
         self.notifier.stopping("stopping: draining")
         log.info("stopping: readers, then draining queued frames (up to %.1f s)", self.config.shutdown_timeout_s)
@@ -417,6 +411,8 @@ class Daemon:
         self._drain(deadline)
         self._wait_for_captures(cameras, deadline)
         for group in self.groups.values():
+            group.stop_preparers(max(0.5, deadline - time.monotonic()))
+        for group in self.groups.values():
             group.stop_workers(max(0.5, deadline - time.monotonic()))
         for group in self.groups.values():
             group.stop_post(max(0.5, deadline - time.monotonic()))
@@ -424,7 +420,7 @@ class Daemon:
             self.publisher.stop(timeout_s=max(1.0, deadline - time.monotonic()), final_status="stopped")
         if self.control is not None:
             self.control.stop()
-        self.state = "stopped"
+        self.state = DaemonState.STOPPED
         log.info("stopped")
 
     @staticmethod
@@ -438,7 +434,7 @@ class Daemon:
             if not any(g.busy() for g in self.groups.values() if g.running_workers):
                 return
             time.sleep(0.05)
-        left = sum(g.batcher.depth() for g in self.groups.values())
+        left = sum(g.batcher.pending() for g in self.groups.values())
         log.warning("shutdown timeout reached with %d frame(s) still queued", left)
 
 

@@ -1,8 +1,8 @@
 """Frames in, detections out: one model on one backend, with the shared pre/post-processing.
 
 The three stages are separate methods so the daemon can run them on different threads
-(pre-processing and execution on the device worker, post-processing off it); `detect` chains them
-for the CLI and the tests.
+(pre-processing on preparer threads, execution on the device worker, post-processing on its own
+threads); `detect` chains them for the CLI and the tests.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .errors import ModelError
 from .model.labels import COCO80, placeholder_labels, resolve_labels
 from .model.spec import ModelSpec
 from .postprocess import Detections, Layout, PostprocessSettings, Postprocessor, detect_layout, make_decoder
-from .preprocess import Geometry, Letterboxer, LetterboxStyle
+from .preprocess import Geometry, Letterboxer, family_style
 
 log = logging.getLogger(__name__)
 
@@ -33,22 +33,18 @@ class InputFormat:
     nhwc: bool
 
 
-def family_style(fmt: str, config: ModelConfig) -> LetterboxStyle:
-    """Each family's upstream preprocessing, with the config's explicit overrides on top."""
-    yolox = fmt == "yolox"
-    placement = config.letterbox or ("topleft" if yolox else "center")
-    rgb = (config.color or ("bgr" if yolox else "rgb")) == "rgb"
-    normalize = config.normalize if config.normalize is not None else not yolox
-    return LetterboxStyle(placement=placement, rgb=rgb, normalize=normalize)
-
-
 class Detector:
-    """Owns a backend opened for `max_batch` frames and turns batches of frames into detections."""
+    """Owns a backend opened for `max_batch` frames and turns batches of frames into detections.
 
-    def __init__(self, config: ModelConfig, backend: Backend, max_batch: int = 1):
+    `input_sets` / `output_sets` are the buffers the backend allocates for a pipeline that fills
+    one batch while another runs; `detect` itself uses set 0 of each."""
+
+    def __init__(self, config: ModelConfig, backend: Backend, max_batch: int = 1,
+                 input_sets: int = 1, output_sets: int = 1):
         self.config = config
         self.backend = backend
-        self.spec: ModelSpec = backend.open(max_batch, input_hw=config.imgsz)
+        self.spec: ModelSpec = backend.open(max_batch, input_hw=config.imgsz, input_sets=input_sets,
+                                            output_sets=output_sets)
         self.input = _input_format(self.spec, config)
         configured = resolve_labels(config.labels, self.spec.metadata.names)
         self.layout: Layout = detect_layout(
@@ -56,17 +52,21 @@ class Detector:
             num_classes=len(configured) if configured else None,
             format=config.format, anchors=config.anchors)
         self.labels = configured or _default_labels(self.layout.num_classes)
-        self.style = family_style(self.layout.format, config)
+        self.style = family_style(self.layout.format, config.letterbox, config.color, config.normalize)
         agnostic = config.agnostic_nms if config.agnostic_nms is not None else self.layout.format == "yolox"
         self.settings = PostprocessSettings(
             conf=config.conf, iou=config.iou, max_det=config.max_det, agnostic_nms=agnostic,
             classes=self._class_ids(config.classes),
             class_conf={self._class_id(k): float(v) for k, v in config.class_conf.items()})
-        self.letterbox = Letterboxer(self.input.height, self.input.width, self.input.channels,
-                                     nhwc=self.input.nhwc, style=self.style)
+        self.letterbox = self.new_letterboxer()
         self.postprocess_one = Postprocessor(make_decoder(self.layout), self.settings)
         log.info("model %s: format %s, %d classes, input %dx%d, %s", config.path, self.layout.format,
                  len(self.labels), self.input.width, self.input.height, backend.description)
+
+    def new_letterboxer(self) -> Letterboxer:
+        """A letterboxer for this model's input, with buffers of its own (one per thread)."""
+        return Letterboxer(self.input.height, self.input.width, self.input.channels,
+                           nhwc=self.input.nhwc, style=self.style)
 
     @property
     def max_batch(self) -> int:

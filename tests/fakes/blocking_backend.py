@@ -24,9 +24,9 @@ class BlockingBackend(OnnxRuntimeBackend):
         self.hang_file = options.get("hang_file")
         self.fail_file = options.get("fail_file")
 
-    def run(self, n: int):
+    def run(self, n: int, input_set: int = 0, output_set: int = 0):
         while self.hang_file and os.path.exists(self.hang_file):
             time.sleep(0.05)
         if self.fail_file and os.path.exists(self.fail_file):
             raise BackendError("injected device failure")
-        return super().run(n)
+        return super().run(n, input_set, output_set)

@@ -24,6 +24,10 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "pyACL comes with Huawei CANN: source /usr/local/Ascend/ascend-toolkit/set_env.sh "
         "(it is NOT the PyPI package 'pyacl')",
     ),
+    "simulated": (
+        "yoloedge.backends.simulated", "SimulatedBackend",
+        "pip install onnxruntime (the simulated device records its outputs with it)",
+    ),
 }
 
 
@@ -66,6 +70,10 @@ def backend_config_for(accelerator: Any, device: int) -> Any:
         from ..config.ascend import ascend_config
 
         return ascend_config(accelerator.options, device)
+    if accelerator.backend == "simulated":
+        from ..config.simulated import simulated_config
+
+        return simulated_config(accelerator.options, device)
     return {**dict(accelerator.options), "device_id": device}
 
 

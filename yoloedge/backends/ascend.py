@@ -4,18 +4,23 @@ Lifecycle, all on the worker thread that owns the card (pyACL binds contexts to 
 
     open:  [acl.init, first backend of the process]  set_device -> create_context -> create_stream
            -> create_desc -> load_from_file -> get_desc -> device memory (sized for the largest batch
-           gear) + pinned host memory (acl.rt.malloc_host) -> data buffers -> input/output datasets
-           (the input dataset includes `ascend_mbatch_shape_data` on dynamic-batch models)
-    run:   set_context -> memcpy in (only the frames of this batch) -> set_dynamic_batch_size
-           (smallest gear >= n) -> execute (or execute_async + synchronize_stream) -> memcpy out
+           gear) + pinned host memory (acl.rt.malloc_host: one buffer per input set and per output
+           set) -> data buffers -> input/output datasets (the input dataset includes
+           `ascend_mbatch_shape_data` on dynamic-batch models)
+    run:   set_context -> memcpy in (only the frames of this batch, from the chosen input set) ->
+           set_dynamic_batch_size (smallest gear >= n) -> execute (or execute_async +
+           synchronize_stream) -> memcpy out (into the chosen output set)
     close: exactly the reverse: datasets, data buffers, device and host memory, unload, destroy
            desc, stream, context, reset_device, [acl.finalize, last backend of the process]
 
 Every acquisition pushes its own undo step, so `close` (and a failed `open`) release precisely
 what was acquired, in reverse order, and a failing step does not stop the ones after it.
 
-The letterbox writes straight into the pinned host memory: `input_buffer` is a numpy view of it
-(`acl.util.ptr_to_numpy`), and so are the arrays `run` returns. Shapes and data types come from
+The letterbox writes straight into the pinned host memory: each of `input_buffers` is a numpy view
+of one pinned input set (`acl.util.ptr_to_numpy`), and the arrays `run` returns are views of one
+pinned output set. Several host sets share one device buffer per tensor: the copy to the device
+happens inside `run`, on the worker thread, so only the host side needs a set per batch in flight
+(one being filled by pre-processing while another is copied and executed). Shapes and data types come from
 the model description, so an `.om` with AIPP (uint8 NHWC input, normalised on the NPU) and one
 without (float32/float16 NCHW) both work, and an `.om` exported without its Detect layer exposes
 its raw feature maps for the `raw` decoder. An `.om` carries no Ultralytics metadata: labels and
@@ -39,7 +44,7 @@ from ..errors import BackendError, ModelError
 from ..model.spec import DYNAMIC, ModelMetadata, ModelSpec, TensorSpec
 from . import acl_runtime as rt
 from .acl_runtime import check, checked
-from .base import Backend
+from .base import Backend, check_open_request
 from .npu_smi import NPU_SMI
 
 log = logging.getLogger(__name__)
@@ -87,8 +92,8 @@ class Tensor:
     item_bytes: int
     device_bytes: int  # what the model description asks for (the largest gear)
     device_ptr: int = 0
-    host: HostView | None = None
-    array: np.ndarray = field(default_factory=lambda: np.empty(0))  # typed [capacity, *item_shape]
+    hosts: list[HostView] = field(default_factory=list)  # one pinned buffer per input/output set
+    arrays: list[np.ndarray] = field(default_factory=list)  # typed [capacity, *item_shape] views of them
 
 
 class AscendBackend(Backend):
@@ -127,12 +132,14 @@ class AscendBackend(Backend):
         self.aipp = False
 
     # -- open ----------------------------------------------------------------------------------
-    def open(self, max_batch: int = 1, input_hw: tuple[int, int] | None = None) -> ModelSpec:
+    def open(self, max_batch: int = 1, input_hw: tuple[int, int] | None = None, *,
+             input_sets: int = 1, output_sets: int = 1) -> ModelSpec:
         with self._lock:
             if self._spec is not None:
                 return self._spec
+            check_open_request(max_batch, input_sets, output_sets)
             try:
-                self._open(max_batch)
+                self._open(max_batch, input_sets, output_sets)
             except BaseException:
                 self._abandon_open()
                 raise
@@ -151,9 +158,7 @@ class AscendBackend(Backend):
         for exc in errors:
             log.error("while releasing after a failed open of %s: %s", self.model_path, exc)
 
-    def _open(self, max_batch: int) -> None:
-        if max_batch < 1:
-            raise BackendError(f"max_batch must be >= 1, got {max_batch}")
+    def _open(self, max_batch: int, input_sets: int, output_sets: int) -> None:
         if not os.path.isfile(self.model_path):
             raise ModelError(f"model file not found: {self.model_path}")
         self._process.acquire()
@@ -161,7 +166,7 @@ class AscendBackend(Backend):
         self._open_device()
         self._load_model()
         self._describe(max_batch)
-        self._allocate()
+        self._allocate(input_sets, output_sets)
         self._build_datasets()
         self._spec = self._model_spec()
         log.info("loaded %s on %s: input %s %s%s, outputs %s", self.model_path, self.description,
@@ -340,21 +345,25 @@ class AscendBackend(Backend):
         return rt.ACL_DTYPES[code]
 
     # -- buffers -------------------------------------------------------------------------------
-    def _allocate(self) -> None:
-        """Device buffers as the description sizes them; pinned host buffers for `capacity` frames."""
-        for tensor in (self._input, *self._outputs):
+    def _allocate(self, input_sets: int, output_sets: int) -> None:
+        """Device buffers as the description sizes them; pinned host buffers for `capacity`
+        frames, one per input set (the image input) and per output set (every output)."""
+        for tensor, sets in ((self._input, input_sets), *((o, output_sets) for o in self._outputs)):
             tensor.device_ptr = self._malloc(tensor.device_bytes)
             host_bytes = self._capacity * tensor.item_bytes
-            tensor.host = HostView(self._malloc_host(host_bytes), host_bytes)
-            tensor.array = tensor.host.array[:host_bytes].view(tensor.dtype).reshape(
-                self._capacity, *tensor.item_shape)
+            for _ in range(sets):
+                host = HostView(self._malloc_host(host_bytes), host_bytes)
+                tensor.hosts.append(host)
+                tensor.arrays.append(host.array[:host_bytes].view(tensor.dtype).reshape(
+                    self._capacity, *tensor.item_shape))
         if self._mbatch is not None:
             self._mbatch.device_ptr = self._malloc(self._mbatch.device_bytes)
-        if any(t.host.staged for t in (self._input, *self._outputs)):
+        if any(h.staged for t in (self._input, *self._outputs) for h in t.hosts):
             log.warning("%s: pyACL gives no shared numpy view of pinned memory here; every run copies "
                         "through bytes (slower)", self.model_path)
-        self._input.array[...] = 0
-        self._copy_input(self._capacity)  # padding slots of a gear start as zeros, not garbage
+        for array in self._input.arrays:
+            array[...] = 0
+        self._copy_input(self._capacity, 0)  # padding slots of a gear start as zeros, not garbage
 
     def _malloc(self, nbytes: int) -> int:
         ptr = checked(acl.rt.malloc(int(nbytes), rt.ACL_MEM_MALLOC_HUGE_FIRST), "acl.rt.malloc", f"{nbytes} bytes")
@@ -407,10 +416,10 @@ class AscendBackend(Backend):
 
     # -- running -------------------------------------------------------------------------------
     @property
-    def input_buffer(self) -> np.ndarray:
+    def input_buffers(self) -> list[np.ndarray]:
         if self._spec is None:
             raise BackendError("backend is not open")
-        return self._input.array
+        return self._input.arrays
 
     @property
     def max_batch(self) -> int:
@@ -428,28 +437,33 @@ class AscendBackend(Backend):
         soc = f" {self._soc}" if self._soc else ""
         return f"ascend{soc} device {self.config.device_id} ({self.config.execute}, {batch})"
 
-    def run(self, n: int) -> list[np.ndarray]:
+    def run(self, n: int, input_set: int = 0, output_set: int = 0) -> list[np.ndarray]:
         with self._lock:
             if self._spec is None:
                 raise BackendError("backend is not open")
             if not 1 <= n <= self._capacity:
                 raise BackendError(f"batch of {n} outside 1..{self._capacity}")
+            if not 0 <= input_set < len(self._input.hosts):
+                raise BackendError(f"input set {input_set} outside 0..{len(self._input.hosts) - 1}")
+            if not 0 <= output_set < len(self._outputs[0].hosts):
+                raise BackendError(f"output set {output_set} outside 0..{len(self._outputs[0].hosts) - 1}")
             check(acl.rt.set_context(self._context), "acl.rt.set_context")
-            self._copy_input(n)
+            self._copy_input(n, input_set)
             if self._mbatch is not None:
                 gear = self._gear_for[n]
                 check(acl.mdl.set_dynamic_batch_size(self._model_id, self._input_dataset, self._mbatch.index, gear),
                       "acl.mdl.set_dynamic_batch_size", f"batch {gear}")
             self._execute()
             for out in self._outputs:
-                self._copy_output(out, n)
-            return [out.array[:n] for out in self._outputs]
+                self._copy_output(out, n, output_set)
+            return [out.arrays[output_set][:n] for out in self._outputs]
 
-    def _copy_input(self, n: int) -> None:
+    def _copy_input(self, n: int, input_set: int) -> None:
         inp = self._input
+        host = inp.hosts[input_set]
         count = n * inp.item_bytes
-        src, keep_alive = inp.host.source(count)
-        kind = rt.ACL_MEMCPY_HOST_TO_DEVICE if inp.host.staged else self._copy_in
+        src, keep_alive = host.source(count)
+        kind = rt.ACL_MEMCPY_HOST_TO_DEVICE if host.staged else self._copy_in
         check(acl.rt.memcpy(inp.device_ptr, inp.device_bytes, src, count, kind), "acl.rt.memcpy",
               f"input {inp.name}, {count} bytes to the device")
         del keep_alive
@@ -462,11 +476,12 @@ class AscendBackend(Backend):
         else:
             check(acl.mdl.execute(self._model_id, self._input_dataset, self._output_dataset), "acl.mdl.execute")
 
-    def _copy_output(self, out: Tensor, n: int) -> None:
+    def _copy_output(self, out: Tensor, n: int, output_set: int) -> None:
+        host = out.hosts[output_set]
         count = n * out.item_bytes
-        check(acl.rt.memcpy(out.host.ptr, out.host.nbytes, out.device_ptr, count, self._copy_out),
+        check(acl.rt.memcpy(host.ptr, host.nbytes, out.device_ptr, count, self._copy_out),
               "acl.rt.memcpy", f"output {out.name}, {count} bytes from the device")
-        out.host.landed(count)
+        host.landed(count)
 
     # -- closing -------------------------------------------------------------------------------
     def close(self) -> None:

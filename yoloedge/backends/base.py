@@ -3,21 +3,30 @@
 A backend only does device work: load the model, allocate every buffer once, copy in, execute,
 copy out. Letterbox, decode and NMS live in `preprocess` / `postprocess` and are shared.
 
-Lifecycle (all calls on the one thread that owns the device):
+Lifecycle (all device calls on the one thread that owns the device):
 
-    backend = SomeBackend(model_path, config)   # cheap, touches no device
-    spec = backend.open(max_batch)              # load + allocate; returns the model's tensors
-    buf = backend.input_buffer                  # [max_batch, ...] host buffer to letterbox into
-    outs = backend.run(n)                       # run the first n slots; outputs [n, ...] each
-    backend.close()                             # free in reverse order; idempotent
+    backend = SomeBackend(model_path, config)        # cheap, touches no device
+    spec = backend.open(max_batch, input_hw,         # load + allocate, once
+                        input_sets=2, output_sets=3)
+    bufs = backend.input_buffers                     # input sets: [max_batch, ...] host buffers
+    outs = backend.run(n, input_set=i, output_set=o) # run the first n slots of set i
+    backend.close()                                  # free in reverse order; idempotent
+
+Why several sets: the pipeline letterboxes the next batch into one input set (on other threads)
+while the device executes another, and post-processing reads one output set while the device
+writes the next. The backend owns these buffers because only it knows what memory the device
+can copy from fastest (pinned host memory on Ascend, IOBinding-bound arrays on ONNX Runtime).
+Neither `run` nor anything else after `open` may allocate per batch.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Sequence
 
 import numpy as np
 
+from ..errors import BackendError
 from ..model.spec import ModelSpec
 
 
@@ -26,13 +35,21 @@ class Backend(ABC):
     name: str = ""
 
     @abstractmethod
-    def open(self, max_batch: int) -> ModelSpec:
-        """Load the model and allocate all buffers for batches of up to `max_batch` frames."""
+    def open(self, max_batch: int, input_hw: tuple[int, int] | None = None, *,
+             input_sets: int = 1, output_sets: int = 1) -> ModelSpec:
+        """Load the model and allocate `input_sets` input and `output_sets` output buffers, each
+        for batches of up to `max_batch` frames. `input_hw` sizes a model whose input axes are
+        dynamic; a backend whose model size is fixed ignores it (with a warning)."""
 
     @property
     @abstractmethod
+    def input_buffers(self) -> Sequence[np.ndarray]:
+        """One host buffer [max_batch, ...] per input set, filled in place by pre-processing."""
+
+    @property
     def input_buffer(self) -> np.ndarray:
-        """Host buffer of shape [max_batch, ...] that pre-processing fills in place."""
+        """Input set 0: what single-threaded callers (the CLI, `Detector.detect`) fill."""
+        return self.input_buffers[0]
 
     @property
     @abstractmethod
@@ -50,12 +67,23 @@ class Backend(ABC):
         return self.name
 
     @abstractmethod
-    def run(self, n: int) -> list[np.ndarray]:
-        """Execute on the first `n` slots of `input_buffer`; one array [n, ...] per model output.
-
-        The arrays may be views of buffers reused by the next call: consume or copy them first.
-        """
+    def run(self, n: int, input_set: int = 0, output_set: int = 0) -> list[np.ndarray]:
+        """Execute on the first `n` slots of input set `input_set`; one array [n, ...] per model
+        output, views of output set `output_set`, valid until that output set is run again."""
 
     @abstractmethod
     def close(self) -> None:
         """Release device resources in reverse order of acquisition; safe to call twice."""
+
+    def telemetry(self) -> dict | None:
+        """Device health for status (temperature, memory, ...); None when the backend has none.
+        Called from other threads: must not make device calls that need the owning thread."""
+        return None
+
+
+def check_open_request(max_batch: int, input_sets: int, output_sets: int) -> None:
+    """What every backend's `open` refuses before touching a device."""
+    if max_batch < 1:
+        raise BackendError(f"max_batch must be >= 1, got {max_batch}")
+    if input_sets < 1 or output_sets < 1:
+        raise BackendError(f"need at least one input and one output set, got {input_sets} and {output_sets}")

@@ -1,8 +1,10 @@
 """ONNX Runtime backend: CPU, CUDA, TensorRT, MIGraphX (AMD) and ROCm execution providers.
 
-Inputs and outputs are bound with IOBinding to host buffers allocated once in `open`, so a run
-allocates no tensors. A dynamic batch axis runs the whole batch in one call; a fixed batch runs
-the buffer in chunks of the model's batch, each chunk bound to its own slice of the buffers.
+Inputs and outputs are bound with IOBinding to host buffers allocated once in `open` (every
+input set and every output set), so a run allocates no tensors. A dynamic batch axis runs the
+whole batch in one call; a fixed batch runs the buffer in chunks of the model's batch, each chunk
+bound to its own slice of the buffers. Bindings are built on first use per (input set, output
+set, chunk) and kept.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import onnxruntime as ort
 from ..config.model import PROVIDERS, OnnxRuntimeConfig
 from ..errors import BackendError, ModelError
 from ..model.spec import DYNAMIC, ModelSpec, TensorSpec, normalise_shape, parse_metadata
-from .base import Backend
+from .base import Backend, check_open_request
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +56,20 @@ class OnnxRuntimeBackend(Backend):
             raise BackendError(f"unknown graph_optimization {self.config.graph_optimization!r}: "
                                f"choose one of {', '.join(GRAPH_OPTIMIZATION)}")
         self._session: ort.InferenceSession | None = None
-        self._input: np.ndarray | None = None
-        self._outputs: list[np.ndarray] = []
-        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        self._inputs: list[np.ndarray] = []
+        self._output_sets: list[list[np.ndarray]] = []
+        self._bindings: dict[tuple[int, int, int, int], ort.IOBinding] = {}
         self._chunk = 1  # frames per native run: the fixed batch, or the whole request if dynamic
         self._dynamic_batch = False
         self._spec: ModelSpec | None = None
         self.active_provider = ""
 
     # -- loading -------------------------------------------------------------------------------
-    def open(self, max_batch: int = 1, input_hw: tuple[int, int] | None = None) -> ModelSpec:
+    def open(self, max_batch: int = 1, input_hw: tuple[int, int] | None = None, *,
+             input_sets: int = 1, output_sets: int = 1) -> ModelSpec:
         if self._session is not None:
             return self._spec
-        if max_batch < 1:
-            raise BackendError(f"max_batch must be >= 1, got {max_batch}")
+        check_open_request(max_batch, input_sets, output_sets)
         session = self._create_session()
         meta = parse_metadata(session.get_modelmeta().custom_metadata_map or {})
         inputs = tuple(self._tensor_spec(i) for i in session.get_inputs())
@@ -96,11 +98,12 @@ class OnnxRuntimeBackend(Backend):
         capacity = -(-max_batch // self._chunk) * self._chunk
         shape[0] = capacity
         self._session = session
-        self._input = np.zeros(shape, inp.dtype)
+        self._inputs = [np.zeros(shape, inp.dtype) for _ in range(input_sets)]
         inp = TensorSpec(inp.name, tuple(shape), inp.dtype)
         self._spec = ModelSpec(self.model_path, (inp,), outputs, meta)
         if self.config.io_binding and all(DYNAMIC not in o.per_item_shape() for o in outputs):
-            self._outputs = [np.zeros((capacity, *o.per_item_shape()), o.dtype) for o in outputs]
+            self._output_sets = [[np.zeros((capacity, *o.per_item_shape()), o.dtype) for o in outputs]
+                                 for _ in range(output_sets)]
         log.info("loaded %s on %s: input %s %s, outputs %s", self.model_path, self.active_provider,
                  inp.name, list(inp.shape), ", ".join(f"{o.name} {list(o.shape)}" for o in outputs))
         return self._spec
@@ -151,14 +154,14 @@ class OnnxRuntimeBackend(Backend):
 
     # -- running -------------------------------------------------------------------------------
     @property
-    def input_buffer(self) -> np.ndarray:
-        if self._input is None:
+    def input_buffers(self) -> list[np.ndarray]:
+        if not self._inputs:
             raise BackendError("backend is not open")
-        return self._input
+        return self._inputs
 
     @property
     def max_batch(self) -> int:
-        return 0 if self._input is None else self._input.shape[0]
+        return self._inputs[0].shape[0] if self._inputs else 0
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -170,48 +173,53 @@ class OnnxRuntimeBackend(Backend):
     def description(self) -> str:
         return f"onnxruntime {ort.__version__} {self.active_provider}"
 
-    def run(self, n: int) -> list[np.ndarray]:
+    def run(self, n: int, input_set: int = 0, output_set: int = 0) -> list[np.ndarray]:
         if self._session is None:
             raise BackendError("backend is not open")
         if not 1 <= n <= self.max_batch:
             raise BackendError(f"batch of {n} outside 1..{self.max_batch}")
-        if not self._outputs:
-            return self._run_unbound(n)
+        if not 0 <= input_set < len(self._inputs):
+            raise BackendError(f"input set {input_set} outside 0..{len(self._inputs) - 1}")
+        if not self._output_sets:
+            return self._run_unbound(n, self._inputs[input_set])
+        if not 0 <= output_set < len(self._output_sets):
+            raise BackendError(f"output set {output_set} outside 0..{len(self._output_sets) - 1}")
         if self._dynamic_batch:
-            self._session.run_with_iobinding(self._binding(0, n))
+            self._session.run_with_iobinding(self._binding(input_set, output_set, 0, n))
         else:
             for start in range(0, n, self._chunk):
-                self._session.run_with_iobinding(self._binding(start, self._chunk))
-        return [o[:n] for o in self._outputs]
+                self._session.run_with_iobinding(self._binding(input_set, output_set, start, self._chunk))
+        return [o[:n] for o in self._output_sets[output_set]]
 
-    def _binding(self, start: int, count: int) -> ort.IOBinding:
-        """IOBinding of slots [start, start+count) to our buffers, built once per (start, count)."""
-        key = (start, count)
+    def _binding(self, input_set: int, output_set: int, start: int, count: int) -> ort.IOBinding:
+        """IOBinding of slots [start, start+count) of one input and one output set, built once."""
+        key = (input_set, output_set, start, count)
         binding = self._bindings.get(key)
         if binding is None:
             binding = self._session.io_binding()
             spec = self._spec.input
-            view = self._input[start:start + count]
+            view = self._inputs[input_set][start:start + count]
             binding.bind_input(spec.name, "cpu", 0, spec.dtype.type, list(view.shape), view.ctypes.data)
-            for o_spec, buf in zip(self._spec.outputs, self._outputs):
+            for o_spec, buf in zip(self._spec.outputs, self._output_sets[output_set]):
                 out = buf[start:start + count]
                 binding.bind_output(o_spec.name, "cpu", 0, o_spec.dtype.type, list(out.shape), out.ctypes.data)
             self._bindings[key] = binding
         return binding
 
-    def _run_unbound(self, n: int) -> list[np.ndarray]:
+    def _run_unbound(self, n: int, inputs: np.ndarray) -> list[np.ndarray]:
+        """Models with dynamic output shapes (or io_binding: false): ONNX Runtime allocates."""
         name = self._spec.input.name
         if self._dynamic_batch:
-            return self._session.run(None, {name: self._input[:n]})
-        parts = [self._session.run(None, {name: self._input[s:s + self._chunk]})
+            return self._session.run(None, {name: inputs[:n]})
+        parts = [self._session.run(None, {name: inputs[s:s + self._chunk]})
                  for s in range(0, n, self._chunk)]
         return [np.concatenate([p[i] for p in parts])[:n] for i in range(len(parts[0]))]
 
     def close(self) -> None:
         self._bindings.clear()
         self._session = None
-        self._outputs = []
-        self._input = None
+        self._output_sets = []
+        self._inputs = []
 
 
 def _dynamically_quantised(path: str) -> bool:

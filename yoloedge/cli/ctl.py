@@ -27,8 +27,11 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
                 "problems": [str]},
      "accelerators": [{"name": str, "backend": str, "device": str, "model": str, "batch": int,
                        "state": str, "healthy": bool, "inferences_per_s": float,
-                       "p50_ms": float | null, "p99_ms": float | null, "queue_depth": int,
-                       "errors": int, "description": str}],
+                       "frames_per_s": float, "utilisation": float (device busy / wall over the
+                       last seconds, 0..1), "busy_s": float (device seconds since start),
+                       "p50_ms": float | null, "p99_ms": float | null, "batch_p50": float | null,
+                       "queue_depth": int (frames taken in, not yet on the device),
+                       "errors": int, "frames_lost": int, "description": str}],
      "cameras": [{"name": str, "url": str (credentials already redacted), "state": str,
                   "fps_in": float, "fps_out": float, "drops": int, "reconnects": int,
                   "stalls": int, "last_frame_age_s": float | null,
@@ -176,15 +179,16 @@ def _health(value: Any) -> str:
 
 
 def _accelerator_lines(accelerators: list[dict]) -> list[str]:
-    headers = ("NAME", "BACKEND", "DEVICE", "MODEL", "BATCH", "STATE", "HEALTH", "INF/S", "P50 MS",
-               "P99 MS", "QUEUE", "ERRORS", "DESCRIPTION")
+    headers = ("NAME", "BACKEND", "DEVICE", "MODEL", "BATCH", "STATE", "HEALTH", "INF/S", "UTIL %",
+               "P50 MS", "P99 MS", "QUEUE", "ERRORS", "DESCRIPTION")
     rows = [(_text(a.get("name")), _text(a.get("backend")), _text(a.get("device")), _text(a.get("model")),
              _text(a.get("batch")), _text(a.get("state")), _health(a.get("healthy")),
-             _text(a.get("inferences_per_s"), "{:.1f}"), _text(a.get("p50_ms"), "{:.1f}"),
-             _text(a.get("p99_ms"), "{:.1f}"), _text(a.get("queue_depth")), _text(a.get("errors")),
-             _text(a.get("description")))
+             _text(a.get("inferences_per_s"), "{:.1f}"),
+             _text(a.get("utilisation") if a.get("utilisation") is None else 100 * a["utilisation"], "{:.0f}"),
+             _text(a.get("p50_ms"), "{:.1f}"), _text(a.get("p99_ms"), "{:.1f}"), _text(a.get("queue_depth")),
+             _text(a.get("errors")), _text(a.get("description")))
             for a in accelerators]
-    return format_table(headers, rows, right=(4, 7, 8, 9, 10, 11))
+    return format_table(headers, rows, right=(4, 7, 8, 9, 10, 11, 12))
 
 
 def _camera_lines(cameras: list[dict]) -> list[str]:

@@ -2,8 +2,9 @@
 
 ONNX Runtime settings sit directly on the accelerator (`provider: cuda`); other built-in backends
 take theirs in a section named after them (`ascend: {...}`), and custom backends
-(`backend: package.module:Class`) in `options: {...}`. The `ascend:` section is validated by
-`config.ascend`; the others are passed on unvalidated until their backends define schemas.
+(`backend: package.module:Class`) in `options: {...}`. The `ascend:` and `simulated:` sections are
+validated by `config.ascend` and `config.simulated`; the others are passed on unvalidated until
+their backends define schemas.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from .fields import (INVALID, Boolean, Choice, Context, Integer, Number, Text, d
                      plain, read_present, report_duplicate_names, report_unknown_keys, sequence_or_report)
 from .model import PROVIDERS, OnnxRuntimeConfig
 from .schema import BACKENDS, AcceleratorConfig
+from .simulated import read_simulated_section
 from .yamltree import Item
 
 #: "package.module:ClassName", a backend class outside yoloedge.
@@ -65,6 +67,9 @@ COMMON_FIELDS = {
     "batch_timeout_ms": Number(ge=0, example=10),
     "inference_timeout_s": Number(gt=0, example=10),
     "max_consecutive_errors": Integer(ge=1, example=5),
+    "input_buffers": Integer(ge=2, le=8, example=2),
+    "preprocess_threads": Integer(ge=0, le=64, example=2),
+    "post_threads": Integer(ge=0, le=64, example=2),
 }
 ONNXRUNTIME_FIELDS = {
     "provider": Choice(tuple(PROVIDERS)),
@@ -164,6 +169,8 @@ def read_backend_options(ctx: Context, entries: dict, backend: str) -> Any:
     on unvalidated."""
     if backend == "ascend":
         return read_ascend_section(ctx, entries.get("ascend"))
+    if backend == "simulated":
+        return read_simulated_section(ctx, entries.get("simulated"))
     key = backend if backend in BACKEND_SECTIONS else PLUGIN_OPTIONS_KEY
     if key not in entries:
         return {}

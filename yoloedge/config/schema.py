@@ -10,14 +10,14 @@ from typing import Mapping
 
 from .model import ModelConfig, OnnxRuntimeConfig
 
-BACKENDS = ("onnxruntime", "ascend", "tensorrt")
+BACKENDS = ("onnxruntime", "ascend", "tensorrt", "simulated")
 
 
 @dataclass(frozen=True)
 class AcceleratorConfig:
     """One group of identical devices running the model; one worker thread per device."""
 
-    backend: str = "onnxruntime"  # onnxruntime | ascend | tensorrt | "package.module:Class"
+    backend: str = "onnxruntime"  # onnxruntime | ascend | tensorrt | simulated | "package.module:Class"
     devices: tuple[int, ...] = (0,)
     batch: int = 1  # most frames per inference (a dynamic-batch model may run fewer)
     batch_timeout_ms: float = 10.0  # how long a partial batch waits for more frames
@@ -25,6 +25,13 @@ class AcceleratorConfig:
     inference_timeout_s: float = 10.0
     #: consecutive failed inferences after which the worker is reported unhealthy.
     max_consecutive_errors: int = 5
+    #: input buffers per device: one executes while the next is filled (2: double buffering).
+    input_buffers: int = 2
+    #: threads that letterbox frames into the input buffers; 0: one per CPU core, at most 4.
+    preprocess_threads: int = 0
+    #: most post-processing (decode + NMS + publish) threads; the stage starts with one and adds
+    #: more while results queue up. 0: one per CPU core, at most 4.
+    post_threads: int = 0
     onnxruntime: OnnxRuntimeConfig = field(default_factory=OnnxRuntimeConfig)
     #: backend-specific settings for other backends (e.g. the `ascend:` section).
     options: Mapping[str, object] = field(default_factory=dict)

@@ -2,8 +2,18 @@
 
 The protocol is one datagram of newline-separated `KEY=VALUE` lines to the socket systemd
 names in `$NOTIFY_SOCKET` (a path, or an abstract name written with a leading '@'). It is
-small enough to implement here, which buys what the `sdnotify` package lacks: a return value
-and one logged warning instead of silently swallowed errors.
+small enough to write here, and that is why yoloedge does not depend on a library for it:
+
+* `sdnotify` (0.3.2, its latest release) swallows every error unless in debug mode (then it
+  raises from `notify`), returns nothing, encodes as Latin-1 (a STATUS= line naming a camera
+  `Tür-Nord` is lost) and reads `NOTIFY_SOCKET` from the environment itself, once, when
+  constructed. A watchdog ping that silently fails is exactly what a health protocol must not do.
+* systemd-python's `systemd.daemon.notify` is a good wrapper of libsystemd's `sd_notify`, but it
+  builds only against libsystemd's headers, and yoloedge must install with plain pip on boxes
+  without them (it stays optional, for journald logging).
+
+What this module adds: a return value, one logged warning per streak of failures, UTF-8, and the
+environment read once by the daemon and passed in.
 
 The daemon reads `NOTIFY_SOCKET` (and `WATCHDOG_USEC` / `WATCHDOG_PID`) from `os.environ`
 once at start-up and passes them in; nothing here reads the environment.

@@ -14,7 +14,29 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from enum import Enum
 from typing import Callable
+
+
+class Progress(str, Enum):
+    IDLE = "idle"  # waiting for work, or between inferences: healthy
+    BUSY = "busy"  # an inference is running (a problem once past its deadline)
+    UNHEALTHY = "unhealthy"  # the worker reported itself broken
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why the daemon is not healthy, and which worker (or part) it belongs to: status marks that
+    worker, and only that one, unhealthy (`ascend0/1` is not `ascend0/10`)."""
+
+    source: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.text}"
 
 
 @dataclass(frozen=True)
@@ -22,7 +44,7 @@ class WorkerProgress:
     """One worker's state at the time of `ProgressTracker.snapshot()`, for status output."""
 
     name: str
-    state: str  # idle | busy | unhealthy
+    state: Progress
     busy_for_s: float | None  # how long the current inference has run; None when not busy
     deadline_s: float
     inferences: int
@@ -107,8 +129,8 @@ class ProgressTracker:
         with self._lock:
             self._get(name).unhealthy_reason = None
 
-    def check(self, now: float | None = None) -> list[str]:
-        """Problems, one line each, e.g. "onnxruntime0: inference running for 12.3 s (deadline 10 s)".
+    def check(self, now: float | None = None) -> list[Problem]:
+        """Problems, e.g. str(p) == "onnxruntime0: inference running for 12.3 s (deadline 10 s)".
 
         Empty means every worker is idle or inside its deadline: safe to ping the watchdog.
         """
@@ -138,30 +160,30 @@ def _describe(error: BaseException | str) -> str:
     return error
 
 
-def _problems(name: str, worker: _Worker, now: float) -> list[str]:
+def _problems(name: str, worker: _Worker, now: float) -> list[Problem]:
     """Why `worker` is not healthy at `now`; empty when it is."""
     problems = []
     if worker.unhealthy_reason is not None:
-        problems.append(f"{name}: {worker.unhealthy_reason}")
+        problems.append(Problem(name, worker.unhealthy_reason))
     if worker.busy_since is not None:
         running = now - worker.busy_since
         if running > worker.deadline_s:
-            problems.append(f"{name}: inference running for {running:.1f} s "
-                            f"(deadline {worker.deadline_s:g} s)")
+            problems.append(Problem(name, f"inference running for {running:.1f} s "
+                                          f"(deadline {worker.deadline_s:g} s)"))
     if 0 < worker.max_consecutive_errors <= worker.consecutive_errors:
-        problems.append(f"{name}: {worker.consecutive_errors} inferences in a row failed "
-                        f"(last: {worker.last_error})")
+        problems.append(Problem(name, f"{worker.consecutive_errors} inferences in a row failed "
+                                      f"(last: {worker.last_error})"))
     return problems
 
 
 def _progress(name: str, worker: _Worker, now: float) -> WorkerProgress:
     """An immutable copy of `worker` (the live one is guarded by the tracker's lock)."""
     if worker.unhealthy_reason is not None:
-        state = "unhealthy"
+        state = Progress.UNHEALTHY
     elif worker.busy_since is not None:
-        state = "busy"
+        state = Progress.BUSY
     else:
-        state = "idle"
+        state = Progress.IDLE
     return WorkerProgress(
         name=name, state=state,
         busy_for_s=None if worker.busy_since is None else now - worker.busy_since,

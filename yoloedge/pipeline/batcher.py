@@ -1,88 +1,223 @@
-"""Fills batches across the cameras of one accelerator group, fairly and with a timeout.
+"""Turns the cameras' frames into batches in the devices' own input buffers, fairly and in time.
 
-Device workers call `next_batch`; it returns as soon as the batch is full, or `timeout_s` after
-the first frame arrived, whichever comes first, so a lone camera is never held back waiting for
-company. Cameras are visited round-robin from a rotating start, one frame per camera per round,
-so a fast camera cannot starve a slow one.
+Three kinds of threads meet here, under one lock:
+
+* camera readers put decoded frames into their camera's bounded queue (`queues.FrameQueue`);
+* preparers (`prepare.Preparer`) `take()` a frame together with a free slot of the *open* input
+  buffer, letterbox it there without the lock, and report it `filled()`;
+* device workers `next_batch()` a sealed buffer and run it, then `release()` it for refilling.
+
+Every device gives the batcher its input sets (at least two), so one batch is filled while
+another executes and the device need not wait for the host. One buffer is open at a time; it is
+sealed when full, or by its idle worker once `timeout_s` has passed since its first frame (a lone
+camera is never held back waiting for company). Sealing hands out a *ticket*: post-processing
+publishes batches in ticket order, so every camera's frames go out in the order they were read,
+whichever device ran them.
+
+Frames are taken from the cameras round-robin, one per camera per turn, so a fast camera cannot
+starve a slow one when slots are scarce; a full keep-latest queue meanwhile drops its oldest frame.
+
+Conditions (all on `lock`): `_work` wakes preparers (a frame or room appeared), `_batches` wakes
+workers (a buffer was sealed, completed, or opened), each queue's own condition wakes its blocked
+lossless reader.
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
 import threading
 import time
+from typing import Callable
 
-from .frames import Frame
+import numpy as np
+
+from ..preprocess import Geometry
+from ..sources.frame import Frame
 from .queues import FrameQueue
+from .slots import BatchBuffer
 
 
 class Batcher:
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic):
         self.timeout_s = timeout_s
-        self.cond = threading.Condition()
+        self._clock = clock
+        self.lock = threading.Lock()
+        self._work = threading.Condition(self.lock)
+        self._batches = threading.Condition(self.lock)
         self._queues: dict[str, FrameQueue] = {}
-        self._start = 0
+        self._order: list[FrameQueue] = []  # round-robin order of the queues
+        self._next = 0  # where the next round-robin turn starts
+        self._free: collections.deque[BatchBuffer] = collections.deque()
+        self._open: BatchBuffer | None = None
+        self._sealed: dict[str, collections.deque[BatchBuffer]] = {}
+        self._running: dict[str, int] = {}
+        self._tickets = itertools.count()
+        self._closed = False
 
+    # -- cameras ---------------------------------------------------------------------------------
     def add_camera(self, camera: str, maxsize: int, lossless: bool) -> FrameQueue:
-        with self.cond:
+        with self.lock:
             if camera in self._queues:
                 raise ValueError(f"camera {camera!r} already has a queue")
-            queue = FrameQueue(camera, maxsize, lossless, self.cond)
+            queue = FrameQueue(camera, maxsize, lossless, self.lock, self._work)
             self._queues[camera] = queue
+            self._order.append(queue)
             return queue
 
     def remove_camera(self, camera: str) -> int:
         """Close and forget a camera's queue; returns how many queued frames were discarded."""
-        with self.cond:
+        with self.lock:
             queue = self._queues.pop(camera, None)
             if queue is None:
                 return 0
+            self._order.remove(queue)
             left = len(queue)
         queue.close()
         return left
 
-    def depth(self) -> int:
-        with self.cond:
-            return sum(len(q) for q in self._queues.values())
+    def queued(self) -> int:
+        """Frames waiting in the camera queues."""
+        with self.lock:
+            return sum(len(q) for q in self._order)
 
-    def wake(self) -> None:
-        with self.cond:
-            self.cond.notify_all()
+    def pending(self) -> int:
+        """Frames taken in but not yet handed to a device: queued, or in an open or sealed buffer."""
+        with self.lock:
+            waiting = sum(b.claimed for q in self._sealed.values() for b in q)
+            return sum(len(q) for q in self._order) + waiting + (self._open.claimed if self._open else 0)
 
-    def next_batch(self, max_frames: int, stop: threading.Event, idle_wait_s: float = 0.5) -> list[Frame]:
-        """Up to `max_frames` frames; [] when nothing arrived within `idle_wait_s` or on stop."""
-        batch: list[Frame] = []
-        with self.cond:
-            if not self._any_frame():
-                self.cond.wait(idle_wait_s)
-            if stop.is_set() or not self._any_frame():
-                return batch
-            deadline = time.monotonic() + self.timeout_s
-            while len(batch) < max_frames:
-                took = self._take_round(batch, max_frames)
-                if len(batch) >= max_frames or stop.is_set():
-                    break
-                if not took:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self.cond.wait(remaining)
-        return batch
+    # -- devices ---------------------------------------------------------------------------------
+    def add_buffers(self, owner: str, arrays: list[np.ndarray]) -> list[BatchBuffer]:
+        """A device's input sets join the pool (its worker has opened the backend)."""
+        buffers = [BatchBuffer(owner, i, a) for i, a in enumerate(arrays)]
+        with self.lock:
+            self._sealed[owner] = collections.deque()
+            self._running[owner] = 0
+            self._free.extend(buffers)
+            self._work.notify_all()
+        return buffers
 
-    def _any_frame(self) -> bool:
-        return any(len(q) for q in self._queues.values())
+    def remove_buffers(self, owner: str) -> list[BatchBuffer]:
+        """A device leaves (its worker stops). Returns its buffers that still held frames, whose
+        tickets the caller must give up so post-processing does not wait for them."""
+        with self.lock:
+            self._free = collections.deque(b for b in self._free if b.owner != owner)
+            if self._open is not None and self._open.owner == owner:
+                if self._open.claimed:
+                    self._seal(self._open)
+                else:
+                    self._open = None
+            lost = list(self._sealed.pop(owner, ()))
+            self._running.pop(owner, None)
+            self._work.notify_all()
+            self._batches.notify_all()
+            return lost
 
-    def _take_round(self, batch: list[Frame], max_frames: int) -> bool:
-        queues = list(self._queues.values())
-        if not queues:
-            return False
-        took = False
-        n = len(queues)
+    def close(self) -> None:
+        """Wake everyone for shutdown: preparers and workers return None from now on."""
+        with self.lock:
+            self._closed = True
+            self._work.notify_all()
+            self._batches.notify_all()
+
+    # -- preparers -------------------------------------------------------------------------------
+    def take(self, stop: threading.Event, idle_wait_s: float = 0.5
+             ) -> tuple[Frame, BatchBuffer, int, float] | None:
+        """The next frame (round-robin over cameras) and the slot to letterbox it into:
+        (frame, buffer, slot, taken_mono). None when stopping, or after `idle_wait_s` of nothing."""
+        with self.lock:
+            waited = False
+            while not (stop.is_set() or self._closed):
+                if any(len(q) for q in self._order):
+                    buffer = self._open or self._choose_free()
+                    if buffer is not None:
+                        frame = self._next_frame()
+                        return frame, buffer, self._claim(buffer), self._clock()
+                if waited:
+                    return None
+                waited = not self._work.wait(idle_wait_s)
+            return None
+
+    def filled(self, buffer: BatchBuffer, slot: int, frame: Frame, geometry: Geometry | None,
+               taken_mono: float) -> None:
+        """A preparer wrote `frame` into `slot` (geometry None: it failed; the slot stays empty)."""
+        meta = buffer.metas[slot]
+        meta.camera, meta.seq = frame.camera, frame.seq
+        meta.capture_time, meta.capture_mono, meta.taken_mono = frame.capture_time, frame.capture_mono, taken_mono
+        meta.geometry = geometry
+        with self.lock:
+            buffer.filled += 1
+            if buffer.ready:
+                self._batches.notify_all()
+
+    def _next_frame(self) -> Frame:
+        n = len(self._order)
         for k in range(n):
-            if len(batch) >= max_frames:
-                break
-            frame = queues[(self._start + k) % n].get_nowait()
+            queue = self._order[(self._next + k) % n]
+            frame = queue.get_nowait()
             if frame is not None:
-                batch.append(frame)
-                took = True
-        self._start = (self._start + 1) % n
-        return took
+                self._next = (self._next + k + 1) % n
+                return frame
+        raise RuntimeError("no camera has a frame")  # callers check first, under the same lock
+
+    def _choose_free(self) -> BatchBuffer | None:
+        """Open the free buffer of the least loaded device (sealed + running batches), oldest first."""
+        if not self._free:
+            return None
+        best = min(self._free, key=lambda b: len(self._sealed[b.owner]) + self._running[b.owner])
+        self._free.remove(best)
+        self._open = best
+        return best
+
+    def _claim(self, buffer: BatchBuffer) -> int:
+        slot = buffer.claimed
+        buffer.claimed += 1
+        if slot == 0:
+            buffer.opened_mono = self._clock()
+            self._batches.notify_all()  # an idle worker starts its batch timeout now
+        if buffer.claimed == buffer.capacity:
+            self._seal(buffer)
+        return slot
+
+    def _seal(self, buffer: BatchBuffer) -> None:
+        buffer.sealed = True
+        buffer.ticket = next(self._tickets)
+        self._sealed[buffer.owner].append(buffer)
+        if self._open is buffer:
+            self._open = None
+        self._batches.notify_all()
+
+    # -- workers ---------------------------------------------------------------------------------
+    def next_batch(self, owner: str, stop: threading.Event, idle_wait_s: float = 0.5) -> BatchBuffer | None:
+        """The next batch for the device `owner`: a sealed buffer whose slots are all written.
+        Seals the open buffer of this device once its batch timeout is over (or at once when
+        stopping, so a drain does not wait for frames that will never come)."""
+        with self.lock:
+            while not self._closed:
+                sealed = self._sealed.get(owner)
+                if sealed is None:
+                    return None
+                if sealed and sealed[0].ready:
+                    self._running[owner] += 1
+                    return sealed.popleft()
+                wait = idle_wait_s
+                current = self._open
+                if not sealed and current is not None and current.owner == owner and current.claimed:
+                    wait = current.opened_mono + self.timeout_s - self._clock()
+                    if wait <= 0:
+                        self._seal(current)
+                        continue
+                elif stop.is_set() and not sealed:
+                    return None
+                self._batches.wait(wait)
+            return None
+
+    def release(self, buffer: BatchBuffer) -> None:
+        """The device has read the buffer (the run returned, or failed): it may be refilled."""
+        with self.lock:
+            buffer.reset()
+            if buffer.owner in self._running:
+                self._running[buffer.owner] -= 1
+                self._free.append(buffer)
+            self._work.notify_all()

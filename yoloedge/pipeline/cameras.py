@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 from ..config.schema import CameraConfig
+from ..metrics import LatencyWindow, RateMeter
 from ..sources.reader import CameraReader
-from .metrics import LatencyWindow, RateMeter
+from ..sources.state import CameraState
 from .queues import FrameQueue
+from .slots import SlotMeta
 
 #: A file processed losslessly keeps this many frames per batch slot ready, so a batch can fill.
 LOSSLESS_DEPTH_PER_BATCH = 2
+STAGES = ("queue", "batch", "inference", "publish")
 
 
 def is_lossless(config: CameraConfig) -> bool:
     return config.realtime is False
+
+
+def queue_size_for(config: CameraConfig, batch: int) -> int:
+    """A lossless file keeps enough frames queued to fill a batch; a live camera its `queue_size`."""
+    if is_lossless(config):
+        return max(config.queue_size, LOSSLESS_DEPTH_PER_BATCH * batch)
+    return config.queue_size
 
 
 class CameraRuntime:
@@ -22,12 +32,13 @@ class CameraRuntime:
         self.group = group
         self.queue = queue
         self.reader = reader
+        self.classes = frozenset(config.classes) if config.classes is not None else None
         self.latency_ms = LatencyWindow()
-        # capture -> taken into a batch -> inferred -> published, per stage
-        self.stage_ms = {"queue": LatencyWindow(), "inference": LatencyWindow(), "publish": LatencyWindow()}
+        self.stage_ms = {name: LatencyWindow() for name in STAGES}
         self.published = RateMeter()
         self.published_frames = 0
         self.publish_failures = 0
+        self.filtered_out = 0  # frames whose detections were all filtered away (publish_empty: false)
 
     @property
     def name(self) -> str:
@@ -47,22 +58,26 @@ class CameraRuntime:
         self.reader.join(timeout)
         return not self.reader.is_alive()
 
-    def record_latency(self, timings: dict[str, float], capture_mono: float, published_mono: float) -> float:
-        total = (published_mono - capture_mono) * 1000
-        self.latency_ms.add(total)
-        batched = timings.get("batched", capture_mono)
-        inferred = timings.get("inferred", batched)
-        self.stage_ms["queue"].add((batched - capture_mono) * 1000)
-        self.stage_ms["inference"].add((inferred - batched) * 1000)
-        self.stage_ms["publish"].add((published_mono - inferred) * 1000)
-        return total
+    def record_published(self, meta: SlotMeta, started: float, inferred: float, published: float) -> None:
+        self.published_frames += 1
+        self.published.mark()
+        self.latency_ms.add((published - meta.capture_mono) * 1000)
+        stages = self.stage_ms
+        stages["queue"].add((meta.taken_mono - meta.capture_mono) * 1000)
+        stages["batch"].add((started - meta.taken_mono) * 1000)
+        stages["inference"].add((inferred - started) * 1000)
+        stages["publish"].add((published - inferred) * 1000)
 
     def open_captures(self) -> int:
         """Capture threads still inside OpenCV (a frozen camera's read ends at its timeout)."""
         return self.reader.open_captures() if self.reader is not None else 0
 
+    @property
+    def state(self) -> CameraState:
+        return self.reader.state if self.reader is not None else CameraState.DISABLED
+
     def status(self) -> dict:
-        stats = self.reader.stats() if self.reader is not None else {"state": "disabled"}
+        stats = self.reader.stats() if self.reader is not None else {"state": CameraState.DISABLED.value}
         return {
             "name": self.name,
             "url": stats.get("url"),
@@ -72,8 +87,9 @@ class CameraRuntime:
             "fps_out": round(self.published.rate(), 2),
             "frames_in": stats.get("frames_in"),
             "published": self.published_frames,
-            "drops": (stats.get("queue_drops") or 0),
+            "drops": self.queue.dropped if self.queue is not None else 0,
             "sampled_out": stats.get("sampled_out"),
+            "filtered_out": self.filtered_out,
             "reconnects": stats.get("reconnects"),
             "stalls": stats.get("stalls"),
             "last_frame_age_s": stats.get("last_frame_age_s"),

@@ -1,17 +1,26 @@
-"""An accelerator group: one batcher, one worker per device, one post-processing stage."""
+"""An accelerator group: one batcher, a preparer pool, one worker per device, one post stage.
+
+    camera queues -> preparers (letterbox into input sets) -> workers (run) -> post (decode, publish)
+
+Started in that order's reverse (post, workers, then preparers once a model is loaded and the
+letterbox is known) and stopped in it (preparers, workers, post), each stage bounded in time.
+"""
 
 from __future__ import annotations
 
 import logging
-import queue
+import threading
 
 from ..backends import backend_config_for, create_backend
+from ..backends.base import Backend
 from ..config.model import ModelConfig
 from ..config.schema import AcceleratorConfig
+from ..detector import Detector
 from ..health.progress import ProgressTracker
 from .batcher import Batcher
 from .post import PostStage, Sink
-from .worker import DeviceWorker
+from .prepare import Preparer, auto_threads
+from .worker import DeviceWorker, WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -23,52 +32,77 @@ class AcceleratorGroup:
         self.config = config
         self.model = model
         self.batcher = Batcher(config.batch_timeout_ms / 1000.0)
-        self.results: queue.Queue = queue.Queue()
-        self.post = PostStage(name, self.results, sink)
+        self.post = PostStage(name, sink, auto_threads(config.post_threads))
         self.workers = [
-            DeviceWorker(f"{name}/{device}", config, device, model, self.batcher, self.results, tracker,
+            DeviceWorker(f"{name}/{device}", config, device, model, self.batcher, self.post, tracker,
                          self._factory(device))
             for device in config.devices
         ]
+        self.preparers: list[Preparer] = []
 
     def _factory(self, device: int):
-        return lambda: create_backend(self.config.backend, self.model.path,
-                                      backend_config_for(self.config, device))
+        def create() -> Backend:
+            return create_backend(self.config.backend, self.model.path, backend_config_for(self.config, device))
+        return create
 
     def start(self) -> None:
         self.post.start()
         for w in self.workers:
             w.start()
 
-    def wait_ready(self, stop) -> None:
-        """Block until every worker loaded its model (or failed), or `stop` is set."""
+    def wait_ready(self, stop: threading.Event) -> None:
+        """Block until every worker loaded its model (or failed), or `stop` is set; then start the
+        preparers, which need the loaded model's input format."""
         for w in self.workers:
             while not w.ready.wait(0.2):
                 if stop.is_set():
                     return
+        detector = self.detector
+        if detector is None:
+            return
+        for i in range(auto_threads(self.config.preprocess_threads)):
+            preparer = Preparer(f"prepare-{self.name}-{i}", self.batcher, detector.new_letterboxer(),
+                                self._letterbox_failed)
+            self.preparers.append(preparer)
+            preparer.start()
+
+    @staticmethod
+    def _letterbox_failed(camera: str, seq: int, exc: Exception) -> None:
+        log.error("camera %s: frame %d cannot be letterboxed: %s", camera, seq, exc, extra={"camera": camera})
 
     @property
     def running_workers(self) -> list[DeviceWorker]:
-        return [w for w in self.workers if w.state == "running"]
+        return [w for w in self.workers if w.state is WorkerState.RUNNING]
 
     @property
-    def detector(self):
+    def detector(self) -> Detector | None:
         """The detector of any running worker (all load the same model)."""
         running = self.running_workers
         return running[0].detector if running else None
 
     def busy(self) -> bool:
-        return (self.batcher.depth() > 0 or self.post.pending() > 0
+        """Frames still on their way: queued, in a buffer, on a device or being published."""
+        return (self.batcher.pending() > 0 or self.post.pending() > 0
                 or any(w.in_flight for w in self.workers))
+
+    def stop_preparers(self, timeout: float) -> None:
+        for p in self.preparers:
+            p.stop()
+        self.batcher.close()
+        for p in self.preparers:
+            p.join(timeout)
+            if p.is_alive():
+                log.error("%s did not stop within %.1f s", p.name, timeout)
 
     def stop_workers(self, timeout: float) -> None:
         for w in self.workers:
             w.stop()
+        self.batcher.close()
         for w in self.workers:
             w.join(timeout)
             if w.is_alive():
                 log.error("%s did not stop within %.1f s (device call hung?)", w.worker_name, timeout)
 
     def stop_post(self, timeout: float) -> None:
-        if self.post.is_alive() and not self.post.stop(timeout):
+        if not self.post.stop(timeout):
             log.error("post-processing of %s did not stop within %.1f s", self.name, timeout)

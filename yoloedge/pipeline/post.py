@@ -1,71 +1,166 @@
-"""Post-processing stage: decode + NMS off the device threads, then hand results on.
+"""Post-processing: decode + NMS off the device threads, then publishing, in order.
 
-One thread per accelerator group drains the workers' inferred batches, turns each frame's outputs
-into detections with the shared post-processor, returns the output slot to its worker's ring, and
-calls the sink (filters + MQTT) for every frame in order.
+One stage per accelerator group. Workers `submit()` output sets as their runs finish; the stage
+decodes them on a small pool of threads that grows (up to `max_threads`) whenever a batch arrives
+and no thread is free, so one slow decode never holds the device up. Publishing, however, follows
+the batches' tickets (the order they were sealed in, see `batcher`): a decoded batch waits in
+`_ready` until every earlier ticket is published or given up (`skip()`), and then whichever
+thread completes the sequence publishes it. So each camera's frames are published in the order
+they were read, while decoding runs in parallel, and no thread ever blocks waiting for its turn.
+
+The output set goes back to its worker once its frames are published: a slow broker or a slow
+decode therefore slows the device down (bounded memory) instead of queueing without end.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
-import queue
 import threading
-import time
 from typing import Callable
 
 from ..postprocess import Detections
-from .frames import Frame
-from .worker import InferredBatch
+from .slots import OutputSet, SlotMeta
 
 log = logging.getLogger(__name__)
 
-Sink = Callable[[Frame, Detections, "object"], None]
+#: sink(meta, detections, output_set): filters, message, publish (see `results.ResultPublisher`)
+Sink = Callable[[SlotMeta, Detections, OutputSet], None]
+_Decoded = tuple[OutputSet | None, list[Detections | None]]
 
 
-class PostStage(threading.Thread):
-    def __init__(self, name: str, results: "queue.Queue[InferredBatch | None]", sink: Sink):
-        super().__init__(name=f"post-{name}", daemon=True)
-        self.results = results
+class PostStage:
+    def __init__(self, name: str, sink: Sink, max_threads: int = 1):
+        self.name = name
         self.sink = sink
+        self.max_threads = max(1, max_threads)
         self.errors = 0
-        self._idle = threading.Event()
-        self._idle.set()
+        self.published = 0
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._heap: list[tuple[int, int, OutputSet | None]] = []  # (ticket, arrival, item); None: skipped
+        self._arrivals = itertools.count()
+        self._ready: dict[int, _Decoded] = {}
+        self._next_ticket = 0
+        self._publishing = False
+        self._decoding = 0
+        self._idle = 0
+        self._threads: list[threading.Thread] = []
+        self._stopping = False
 
-    def run(self) -> None:
+    # -- producers (device workers) ----------------------------------------------------------
+    def start(self) -> None:
+        with self._lock:
+            self._spawn()
+
+    def submit(self, output_set: OutputSet) -> None:
+        self._push(output_set.ticket, output_set)
+
+    def skip(self, ticket: int) -> None:
+        """Ticket `ticket` will never be submitted (its batch failed or was dropped)."""
+        if ticket >= 0:
+            self._push(ticket, None)
+
+    def _push(self, ticket: int, item: OutputSet | None) -> None:
+        with self._lock:
+            heapq.heappush(self._heap, (ticket, next(self._arrivals), item))
+            if self._idle == 0 and len(self._threads) < self.max_threads and not self._stopping:
+                self._spawn()
+            self._work.notify()
+
+    def _spawn(self) -> None:
+        thread = threading.Thread(target=self._serve, name=f"post-{self.name}-{len(self._threads)}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    # -- the pool ----------------------------------------------------------------------------
+    def _serve(self) -> None:
         while True:
-            item = self.results.get()
-            if item is None:  # sentinel from stop()
-                break
-            self._idle.clear()
-            try:
-                self._handle(item)
-            finally:
-                if self.results.empty():
-                    self._idle.set()
+            with self._lock:
+                while not self._heap and not self._stopping:
+                    self._idle += 1
+                    self._work.wait()
+                    self._idle -= 1
+                if not self._heap:
+                    return
+                ticket, _, item = heapq.heappop(self._heap)
+                self._decoding += 1
+            decoded = self._decode(item) if item is not None else []
+            with self._lock:
+                self._decoding -= 1
+                self._ready[ticket] = (item, decoded)
+                if self._publishing:
+                    continue  # the thread publishing now will reach it
+                self._publishing = True
+            self._publish_in_order()
 
-    def _handle(self, item: InferredBatch) -> None:
-        try:
-            detections = item.worker.detector.postprocess(item.outputs, item.geometries)
-        except Exception:  # noqa: BLE001 - a bad batch is logged and counted, the stage goes on
-            self.errors += 1
-            log.exception("post-processing failed for a batch of %d frame(s)", len(item.frames))
-            return
-        finally:
-            item.release()
-        now = time.monotonic()
-        for frame, dets in zip(item.frames, detections):
-            frame.timings["postprocessed"] = now
+    def _decode(self, item: OutputSet) -> list[Detections | None]:
+        detector = item.worker.loaded
+        results: list[Detections | None] = []
+        for i in range(item.count):
+            meta = item.metas[i]
+            geometry = meta.geometry
+            if geometry is None:  # the letterbox failed: the slot holds no frame
+                results.append(None)
+                continue
             try:
-                self.sink(frame, dets, item.worker.detector)
+                results.append(detector.postprocess_one([o[i] for o in item.outputs], geometry))
+            except Exception:  # noqa: BLE001 - one bad output must not stop the rest
+                self.errors += 1
+                results.append(None)
+                log.exception("post-processing frame %d of %s failed", meta.seq, meta.camera,
+                              extra={"camera": meta.camera})
+        return results
+
+    def _publish_in_order(self) -> None:
+        """Publish every decoded batch whose turn has come; only one thread does this at a time."""
+        while True:
+            with self._lock:
+                entry = self._ready.pop(self._next_ticket, None)
+                if entry is None:
+                    self._publishing = False
+                    return
+                self._next_ticket += 1
+            item, decoded = entry
+            if item is None:
+                continue
+            try:
+                self._publish(item, decoded)
+            finally:
+                item.release()
+
+    def _publish(self, item: OutputSet, decoded: list[Detections | None]) -> None:
+        for meta, dets in zip(item.metas, decoded):
+            if dets is None:
+                continue
+            try:
+                self.sink(meta, dets, item)
+                self.published += 1
             except Exception:  # noqa: BLE001 - one frame's publishing error must not stop the rest
                 self.errors += 1
-                log.exception("publishing frame %d of %s failed", frame.seq, frame.camera,
-                              extra={"camera": frame.camera})
+                log.exception("publishing frame %d of %s failed", meta.seq, meta.camera,
+                              extra={"camera": meta.camera})
 
+    # -- state -------------------------------------------------------------------------------
     def pending(self) -> int:
-        return self.results.qsize() + (0 if self._idle.is_set() else 1)
+        """Batches submitted and not yet published."""
+        with self._lock:
+            return len(self._heap) + self._decoding + len(self._ready)
+
+    @property
+    def threads(self) -> int:
+        return len(self._threads)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopping and not any(t.is_alive() for t in self._threads)
 
     def stop(self, timeout: float) -> bool:
-        self.results.put(None)
-        self.join(timeout)
-        return not self.is_alive()
+        """Finish what is queued (bounded by `timeout`), then let the threads end."""
+        with self._lock:
+            self._stopping = True
+            self._work.notify_all()
+        for thread in list(self._threads):
+            thread.join(timeout)
+        return not any(t.is_alive() for t in self._threads)

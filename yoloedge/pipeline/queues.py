@@ -5,8 +5,12 @@
 * lossless (files with `realtime: false`): a full queue blocks the reader until there is room,
   so every frame is processed exactly once.
 
-All queues of one accelerator share a `threading.Condition`, so the batcher can sleep until any
-camera has a frame.
+All queues of one accelerator share the batcher's lock; a put wakes one preparer through the
+batcher's condition (`on_put`), and a blocked lossless reader waits on its queue's own condition,
+so taking a frame wakes only that reader. `put` is a `sources.FrameSink`: the reader calls it and knows nothing more.
+
+The queue holds references to the decoded frames, nothing else: a frame is letterboxed only when it
+leaves the queue for a batch slot, so a dropped frame costs no pre-processing.
 """
 
 from __future__ import annotations
@@ -15,21 +19,24 @@ import collections
 import threading
 import time
 
-from .frames import Frame
+from ..sources.frame import Frame, SinkClosed
 
 
-class QueueClosed(Exception):
-    """Raised by a blocking put on a queue that was closed (the camera is being removed)."""
+class QueueClosed(SinkClosed):
+    """Raised by a put on a queue that was closed (the camera is being removed)."""
 
 
 class FrameQueue:
-    def __init__(self, camera: str, maxsize: int, lossless: bool, wakeup: threading.Condition):
+    def __init__(self, camera: str, maxsize: int, lossless: bool,
+                 lock: threading.Lock | None = None, on_put: threading.Condition | None = None):
         if maxsize < 1:
             raise ValueError("queue size must be at least 1")
         self.camera = camera
         self.maxsize = maxsize
         self.lossless = lossless
-        self._cond = wakeup
+        self._lock = lock if lock is not None else threading.Lock()
+        self._room = threading.Condition(self._lock)  # a lossless reader waits here for room
+        self._on_put = on_put
         self._items: collections.deque[Frame] = collections.deque()
         self._closed = False
         self.dropped = 0
@@ -39,13 +46,13 @@ class FrameQueue:
         """Queue a frame. Keep-latest never blocks; lossless blocks until room, `timeout`
         (returns False) or close (raises QueueClosed)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
+        with self._lock:
             if self.lossless:
                 while len(self._items) >= self.maxsize and not self._closed:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         return False
-                    self._cond.wait(remaining)
+                    self._room.wait(remaining)
                 if self._closed:
                     raise QueueClosed(self.camera)
             elif self._closed:
@@ -55,25 +62,26 @@ class FrameQueue:
                 self.dropped += 1
             self._items.append(frame)
             self.put_count += 1
-            self._cond.notify_all()
+            if self._on_put is not None:
+                self._on_put.notify()
             return True
 
     def get_nowait(self) -> Frame | None:
-        """Take the oldest frame (caller holds the shared condition)."""
+        """Take the oldest frame (the caller holds the shared lock)."""
         if not self._items:
             return None
         frame = self._items.popleft()
         if self.lossless:
-            self._cond.notify_all()  # a blocked reader may continue
+            self._room.notify()  # the blocked reader may continue
         return frame
 
     def __len__(self) -> int:
         return len(self._items)
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
+            self._room.notify_all()
 
     @property
     def closed(self) -> bool:

@@ -1,10 +1,13 @@
-"""Device workers: one thread per accelerator device, owning its backend.
+"""Device workers: one thread per accelerator device, owning its backend, doing nothing but execute.
 
 Every device call (load, allocate, copy, execute, free) happens on the worker's own thread, as
-pyACL and CUDA contexts require. The worker letterboxes a batch into the backend's input buffer,
-runs it, copies the outputs into one slot of a small ring of output buffers allocated once at
-start, and hands the slot to the post-processing stage, so decode and NMS never hold the device
-up. A full ring makes the worker wait: back-pressure instead of unbounded memory.
+pyACL and CUDA contexts require. At start the worker opens its backend with several input sets
+and output sets (allocated once), warms the model up, and lends its input sets to the batcher.
+Then it only waits for a sealed batch, runs it from its input set into a free output set, gives
+the input set back for refilling and hands the output set to post-processing. Letterboxing
+happens on the preparers' threads, decode and NMS on post-processing's, so the device is kept
+busy as long as the host can feed it. A worker waiting for a free output set is back-pressure:
+post-processing is behind, and memory stays bounded.
 """
 
 from __future__ import annotations
@@ -13,62 +16,61 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable
+from enum import Enum
+from typing import TYPE_CHECKING, Callable
 
-import numpy as np
-
-from ..config.schema import AcceleratorConfig
+from ..backends.base import Backend
 from ..config.model import ModelConfig
+from ..config.schema import AcceleratorConfig
 from ..detector import Detector
 from ..health.progress import ProgressTracker
-from ..preprocess import Geometry
+from ..metrics import LatencyWindow, RateMeter
 from .batcher import Batcher
-from .frames import Frame
-from .metrics import LatencyWindow, RateMeter
+from .slots import BatchBuffer, OutputSet
+
+if TYPE_CHECKING:
+    from .post import PostStage
 
 log = logging.getLogger(__name__)
 
-RING_SLOTS = 3
 
+class WorkerState(str, Enum):
+    STARTING = "starting"  # loading the model, allocating, warming up
+    RUNNING = "running"  # serving batches
+    FAILED = "failed"  # could not start (startup_error says why); its thread has ended
+    STOPPED = "stopped"  # stopped and its device released
 
-@dataclass
-class InferredBatch:
-    """A batch that has been run, waiting for post-processing."""
-
-    worker: "DeviceWorker"
-    frames: list[Frame]
-    geometries: list[Geometry]
-    slot: int
-    outputs: list[np.ndarray]  # views [n, ...] of the ring slot
-
-    def release(self) -> None:
-        self.worker.release_slot(self.slot)
+    def __str__(self) -> str:
+        return self.value
 
 
 class DeviceWorker(threading.Thread):
     def __init__(self, name: str, accelerator: AcceleratorConfig, device: int, model: ModelConfig,
-                 batcher: Batcher, results: "queue.Queue[InferredBatch | None]",
-                 tracker: ProgressTracker, backend_factory: Callable[[], object]):
+                 batcher: Batcher, post: PostStage, tracker: ProgressTracker,
+                 backend_factory: Callable[[], Backend], clock: Callable[[], float] = time.monotonic):
         super().__init__(name=f"worker-{name}", daemon=True)
         self.worker_name = name
         self.accelerator = accelerator
         self.device = device
         self.model = model
         self.batcher = batcher
-        self.results = results
+        self.post = post
         self.tracker = tracker
         self._backend_factory = backend_factory
+        self._clock = clock
         self.detector: Detector | None = None
         self.ready = threading.Event()
         self.startup_error: str | None = None
-        self.state = "starting"
+        self.state = WorkerState.STARTING
         self._stop_event = threading.Event()
-        self._free: queue.Queue[int] = queue.Queue()
-        self._ring: list[list[np.ndarray]] = []
-        self.inferences = RateMeter()
-        self.frames_done = RateMeter()
+        self._free_outputs: queue.SimpleQueue[OutputSet] = queue.SimpleQueue()
+        self.output_sets: list[OutputSet] = []
+        self.inferences = RateMeter(clock=clock)
+        self.frames_done = RateMeter(clock=clock)
+        self.busy = RateMeter(clock=clock)  # device seconds per second: the device's utilisation
+        self.busy_s = 0.0
         self.infer_ms = LatencyWindow()
+        self.batch_sizes = LatencyWindow()
         self.errors = 0
         self.consecutive_errors = 0
         self.frames_lost = 0
@@ -80,45 +82,53 @@ class DeviceWorker(threading.Thread):
             self._start_device()
         except Exception as exc:  # noqa: BLE001 - any start-up failure is reported, not raised
             self.startup_error = f"{type(exc).__name__}: {exc}"
-            self.state = "failed"
+            self.state = WorkerState.FAILED
             log.error("%s: cannot start: %s", self.worker_name, self.startup_error,
                       extra={"device": self.worker_name})
             self.ready.set()
             self._close_device()
             return
-        self.state = "running"
+        self.batcher.add_buffers(self.worker_name, list(self.loaded.backend.input_buffers))
+        self.state = WorkerState.RUNNING
         self.ready.set()
         try:
             while not self._stop_event.is_set():
-                frames = self.batcher.next_batch(self.detector.max_batch, self._stop_event)
-                if frames:
-                    self._process(frames)
+                buffer = self.batcher.next_batch(self.worker_name, self._stop_event)
+                if buffer is not None:
+                    self._process(buffer)
         finally:
-            self.state = "stopped"
+            for lost in self.batcher.remove_buffers(self.worker_name):
+                self._give_up(lost, "the device stopped")
+            self.state = WorkerState.STOPPED
             self._close_device()
 
     def stop(self) -> None:
         self._stop_event.set()
-        self.batcher.wake()
+
+    @property
+    def loaded(self) -> Detector:
+        """The detector, once the device has started (post-processing only sees started workers)."""
+        if self.detector is None:
+            raise RuntimeError(f"{self.worker_name}: the device has not started")
+        return self.detector
 
     def _start_device(self) -> None:
-        self.tracker.register(self.worker_name, self.accelerator.inference_timeout_s)
+        acc = self.accelerator
+        self.tracker.register(self.worker_name, acc.inference_timeout_s)
         backend = self._backend_factory()
         # Load, allocate and warm up under the watchdog deadline of a (long) first inference.
         self.tracker.busy(self.worker_name)
-        self.detector = Detector(self.model, backend, max_batch=self.accelerator.batch)
+        sets = output_sets_for(acc)
+        self.detector = Detector(self.model, backend, max_batch=acc.batch, input_sets=acc.input_buffers,
+                                 output_sets=sets)
         self.detector.warm_up()
-        self._allocate_ring()
+        self.output_sets = [OutputSet(self, i, self.detector.max_batch) for i in range(sets)]
+        for output_set in self.output_sets:
+            self._free_outputs.put(output_set)
         self.tracker.idle(self.worker_name)
-        log.info("%s ready: %s, batch %d", self.worker_name, backend.description,
-                 self.detector.max_batch, extra={"device": self.worker_name})
-
-    def _allocate_ring(self) -> None:
-        outputs = self.detector.infer(1)
-        cap = self.detector.max_batch
-        self._ring = [[np.empty((cap, *o.shape[1:]), o.dtype) for o in outputs] for _ in range(RING_SLOTS)]
-        for i in range(RING_SLOTS):
-            self._free.put(i)
+        log.info("%s ready: %s, batch %d, %d input and %d output buffers", self.worker_name,
+                 backend.description, self.detector.max_batch, acc.input_buffers, sets,
+                 extra={"device": self.worker_name})
 
     def _close_device(self) -> None:
         if self.detector is not None:
@@ -129,92 +139,107 @@ class DeviceWorker(threading.Thread):
         self.tracker.unregister(self.worker_name)
 
     # -- the hot path -------------------------------------------------------------------------
-    def _process(self, frames: list[Frame]) -> None:
+    def _process(self, buffer: BatchBuffer) -> None:
+        output_set = self._acquire_output_set()
+        if output_set is None:  # stopping while post-processing holds every output set
+            self.batcher.release(buffer)
+            self._give_up(buffer, "stopping")
+            return
+        n = buffer.claimed
         self.in_flight = True
-        try:
-            self._run_batch(frames)
-        finally:
-            self.in_flight = False
-
-    def _run_batch(self, frames: list[Frame]) -> None:
-        slot = self._acquire_slot()
-        if slot is None:  # stopping
-            self.frames_lost += len(frames)
-            return
-        n = len(frames)
         self.tracker.busy(self.worker_name)
-        t0 = time.monotonic()
-        for f in frames:
-            f.timings["batched"] = t0
+        started = self._clock()
         try:
-            geometries = self.detector.preprocess([f.image for f in frames])
-            outputs = self.detector.infer(n)
-            views = []
-            for buf, out in zip(self._ring[slot], outputs):
-                np.copyto(buf[:n], out[:n])
-                views.append(buf[:n])
+            outputs = self.loaded.backend.run(n, buffer.index, output_set.index)
         except Exception as exc:  # noqa: BLE001 - a failed batch must not kill the worker
-            self._free.put(slot)
-            self._inference_failed(exc, frames)
+            self.in_flight = False
+            self._give_up(buffer, None)
+            self.batcher.release(buffer)
+            self._free_outputs.put(output_set)
+            self._inference_failed(exc, n)
             return
-        t1 = time.monotonic()
+        finished = self._clock()
         self.tracker.idle(self.worker_name)
+        # The frames' details move on with the outputs; the input set is refilled at once.
+        output_set.metas, buffer.metas = buffer.metas, output_set.metas
+        output_set.outputs, output_set.count, output_set.ticket = outputs, n, buffer.ticket
+        output_set.started_mono, output_set.inferred_mono = started, finished
+        self.batcher.release(buffer)
+        self.post.submit(output_set)
+        self.in_flight = False
+        self._count_success(n, finished - started)
+
+    def _count_success(self, n: int, seconds: float) -> None:
         if self.consecutive_errors:
             self.tracker.mark_healthy(self.worker_name)
             self.consecutive_errors = 0
-        self.infer_ms.add((t1 - t0) * 1000)
+        self.busy_s += seconds
+        self.busy.mark(seconds)
+        self.infer_ms.add(seconds * 1000)
+        self.batch_sizes.add(n)
         self.inferences.mark()
         self.frames_done.mark(n)
-        for f in frames:
-            f.timings["inferred"] = t1
-        self.results.put(InferredBatch(self, frames, geometries, slot, views))
 
-    def _inference_failed(self, exc: Exception, frames: list[Frame]) -> None:
+    def _give_up(self, buffer: BatchBuffer, reason: str | None) -> None:
+        """The buffer's frames will not be published: count them and free their ticket."""
+        frames = sum(1 for m in buffer.metas[:buffer.claimed] if m.valid)
+        self.frames_lost += frames
+        self.post.skip(buffer.ticket)
+        if reason and frames:
+            log.warning("%s: %d frame(s) not processed: %s", self.worker_name, frames, reason,
+                        extra={"device": self.worker_name})
+
+    def _inference_failed(self, exc: Exception, frames: int) -> None:
         self.errors += 1
         self.consecutive_errors += 1
-        self.frames_lost += len(frames)
         limit = self.accelerator.max_consecutive_errors
         log.error("%s: inference failed (%d in a row), %d frame(s) lost: %s", self.worker_name,
-                  self.consecutive_errors, len(frames), exc, extra={"device": self.worker_name})
+                  self.consecutive_errors, frames, exc, extra={"device": self.worker_name})
         if self.consecutive_errors >= limit:
-            self.tracker.mark_unhealthy(self.worker_name, f"{self.consecutive_errors} inferences failed in a row: {exc}")
+            self.tracker.mark_unhealthy(self.worker_name,
+                                        f"{self.consecutive_errors} inferences failed in a row: {exc}")
         else:
             self.tracker.idle(self.worker_name)
         # A failing device is retried, but not in a tight loop.
         self._stop_event.wait(min(5.0, 0.1 * 2 ** min(self.consecutive_errors, 6)))
 
-    def _acquire_slot(self) -> int | None:
-        while not self._stop_event.is_set():
+    def _acquire_output_set(self) -> OutputSet | None:
+        while True:
             try:
-                return self._free.get(timeout=0.2)
+                return self._free_outputs.get(timeout=0.2)
             except queue.Empty:
-                continue
-        return None
+                if self._stop_event.is_set() and self.post.stopped:
+                    return None
 
-    def release_slot(self, slot: int) -> None:
-        self._free.put(slot)
+    def release_output_set(self, output_set: OutputSet) -> None:
+        self._free_outputs.put(output_set)
 
+    # -- status -------------------------------------------------------------------------------
     def status(self) -> dict:
+        detector = self.detector
         return {
             "name": self.worker_name,
             "backend": self.accelerator.backend,
             "device": self.device,
             "model": self.model.path,
-            "batch": self.detector.max_batch if self.detector else self.accelerator.batch,
-            "state": self.state,
+            "batch": detector.max_batch if detector else self.accelerator.batch,
+            "state": self.state.value,
             "inferences_per_s": round(self.inferences.rate(), 2),
             "frames_per_s": round(self.frames_done.rate(), 2),
+            "utilisation": round(min(1.0, self.busy.rate()), 3),
+            "busy_s": round(self.busy_s, 3),
             "p50_ms": self.infer_ms.percentile(50),
             "p99_ms": self.infer_ms.percentile(99),
-            "queue_depth": self.batcher.depth(),
+            "batch_p50": self.batch_sizes.percentile(50),
+            "queue_depth": self.batcher.pending(),
             "errors": self.errors,
             "frames_lost": self.frames_lost,
-            "description": self.detector.backend.description if self.detector else "",
+            "description": detector.backend.description if detector else "",
             "error": self.startup_error,
-            "telemetry": self._telemetry(),
+            "telemetry": detector.backend.telemetry() if detector else None,
         }
 
-    def _telemetry(self) -> dict | None:
-        """Device health from backends that offer it (Ascend: npu-smi); None from the others."""
-        backend = self.detector.backend if self.detector else None
-        return backend.telemetry() if hasattr(backend, "telemetry") else None
+
+def output_sets_for(accelerator: AcceleratorConfig) -> int:
+    """One output set per input set, plus one being post-processed while the device writes."""
+    return accelerator.input_buffers + 1

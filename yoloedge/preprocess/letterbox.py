@@ -35,6 +35,17 @@ class LetterboxStyle:
         return self.placement == "topleft"
 
 
+def family_style(fmt: str, placement: str | None = None, color: str | None = None,
+                 normalize: bool | None = None) -> LetterboxStyle:
+    """Each family's upstream preprocessing (YOLOX: top-left, BGR, 0-255; the others: centred,
+    RGB, /255), with explicit overrides on top."""
+    yolox = fmt == "yolox"
+    return LetterboxStyle(
+        placement="topleft" if (placement or ("topleft" if yolox else "center")) == "topleft" else "center",
+        rgb=(color or ("bgr" if yolox else "rgb")) == "rgb",
+        normalize=normalize if normalize is not None else not yolox)
+
+
 @dataclass(frozen=True)
 class Geometry:
     """Where a source frame landed inside the model input, to map boxes back."""
@@ -119,10 +130,15 @@ class Letterboxer:
         self._planes = [np.empty((height, width), np.uint8) for _ in range(3)]
         self._gray = np.empty((height, width), np.uint8)
         self._canvas_geometry: Geometry | None = None
+        self._last_geometry: Geometry | None = None  # a camera's frames all have one size
         self._scale = np.float32(1.0 / 255.0 if style.normalize else 1.0)
 
     def geometry(self, frame: np.ndarray) -> Geometry:
-        return compute_geometry(frame.shape[1], frame.shape[0], self.width, self.height, self.style)
+        last = self._last_geometry
+        if last is not None and last.src_w == frame.shape[1] and last.src_h == frame.shape[0]:
+            return last
+        self._last_geometry = compute_geometry(frame.shape[1], frame.shape[0], self.width, self.height, self.style)
+        return self._last_geometry
 
     def __call__(self, frame: np.ndarray, slot: np.ndarray) -> Geometry:
         """Write `frame` (BGR, gray or BGRA, any size) into `slot` and return its geometry."""

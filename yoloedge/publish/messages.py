@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 from typing import Sequence
 
 import numpy as np
 
 from ..postprocess import Detections
+from ..timeutil import utc_timestamp
 
 SCHEMA_VERSION = 1
-
-
-def iso_utc(ts: float) -> str:
-    """UTC ISO-8601 with milliseconds, e.g. 2026-11-29T19:38:21.123Z."""
-    when = _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
 
 
 def filter_detections(dets: Detections, labels: Sequence[str], classes: frozenset[str] | None,
@@ -39,7 +33,7 @@ def detection_message(camera: str, seq: int, capture_time: float, dets: Detectio
         "v": SCHEMA_VERSION,
         "camera": camera,
         "frame": seq,
-        "ts": iso_utc(capture_time),
+        "ts": utc_timestamp(capture_time),
         "width": dets.width,
         "height": dets.height,
         "model": model,
@@ -49,4 +43,4 @@ def detection_message(camera: str, seq: int, capture_time: float, dets: Detectio
 
 
 def camera_state_message(camera: str, state: str, reason: str | None, ts: float) -> dict:
-    return {"v": SCHEMA_VERSION, "camera": camera, "state": state, "reason": reason, "ts": iso_utc(ts)}
+    return {"v": SCHEMA_VERSION, "camera": camera, "state": state, "reason": reason, "ts": utc_timestamp(ts)}

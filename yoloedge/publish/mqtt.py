@@ -43,13 +43,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, Callable
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
 from ..config.schema import MqttConfig
+from ..timeutil import utc_timestamp
 from .topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -68,12 +68,6 @@ DISCONNECT_RESERVE_S = 1.0
 MAX_QUEUE_LIMIT = 65000
 _MAX_TOPIC_BYTES = 65535
 _MAX_PAYLOAD_BYTES = 268435455
-
-
-def utc_timestamp(t: float | None = None) -> str:
-    """UTC ISO-8601 with milliseconds and a Z, e.g. 2026-11-29T19:38:21.123Z (`t`: epoch s)."""
-    dt = datetime.now(timezone.utc) if t is None else datetime.fromtimestamp(t, timezone.utc)
-    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _json_default(obj: Any) -> Any:

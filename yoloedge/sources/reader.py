@@ -1,4 +1,4 @@
-"""One reader per camera: opens the source, keeps it alive, samples frames into the camera's queue.
+"""One reader per camera: opens the source, keeps it alive, samples frames into the camera's sink.
 
 Two kinds of threads per camera, and why:
 
@@ -15,12 +15,12 @@ and it did not come right after such a late read (the decoder's held-back frames
 RECOVERY_FRACTION). The abandoned thread is left to return from its read and release its own
 capture: releasing an OpenCV capture while another thread is inside read() is not safe.
 
-Nothing is shared between readers except the queue, so one broken camera cannot slow another.
+Nothing is shared between readers, so one broken camera cannot slow another. Frames leave through
+a sink callable (see `frame.FrameSink`): the reader does not know what is behind it.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import random
@@ -34,10 +34,10 @@ from typing import Callable
 import numpy as np
 
 from ..config.schema import CameraConfig
-from ..pipeline.frames import Frame
-from ..pipeline.queues import FrameQueue, QueueClosed
+from ..metrics import RateMeter
 from ..redact import redact_url
 from .capture import Source, SourceError, SourceKind, UnsupportedSourceError, open_source
+from .frame import Frame, FrameSink, SinkClosed
 from .state import CameraState
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class Outcome(Enum):
     ERROR = "error"  # open failed, the stream broke, or the reader hit a bug
     STALLED = "stalled"  # the watchdog gave up on a silent source
     STOPPED = "stopped"  # stop() was called
-    QUEUE_CLOSED = "queue closed"  # the camera's queue was closed: it is being removed
+    SINK_CLOSED = "sink closed"  # the camera's sink takes no more frames: it is being removed
     UNSUPPORTED = "unsupported"  # the URL can never work
 
 
@@ -82,33 +82,6 @@ class AttemptResult:
     outcome: Outcome
     reason: str | None
     streamed_s: float | None  # how long it delivered good frames; None if it never did
-
-
-class RateWindow:
-    """Events per second over the last few seconds.
-
-    Divides by the time actually observed while that is shorter than the window, so a reader
-    that started two seconds ago reports its real rate, not two fifths of it.
-    """
-
-    def __init__(self, window_s: float, now: float):
-        self._window = window_s
-        self._since = now
-        self._times: collections.deque[float] = collections.deque()
-
-    def mark(self, now: float) -> None:
-        self._times.append(now)
-        self._trim(now)
-
-    def rate(self, now: float) -> float:
-        self._trim(now)
-        span = min(self._window, now - self._since)
-        return len(self._times) / span if span > 0 else 0.0
-
-    def _trim(self, now: float) -> None:
-        cutoff = now - self._window
-        while self._times and self._times[0] < cutoff:
-            self._times.popleft()
 
 
 class KeepAll:
@@ -222,16 +195,16 @@ class Connection:
 
 
 class CameraReader:
-    """Reads one camera into its FrameQueue, reconnecting with backoff, until stopped.
+    """Reads one camera into its sink, reconnecting with backoff, until stopped.
 
     `on_state(camera, state, reason)` is called on every state change, from the reader's own
     thread (or from stop()); it must not block for long.
     """
 
-    def __init__(self, config: CameraConfig, queue: FrameQueue, stall_timeout_s: float,
+    def __init__(self, config: CameraConfig, sink: FrameSink, stall_timeout_s: float,
                  on_state: StateCallback | None = None, clock: Callable[[], float] = time.monotonic):
         self._config = config
-        self._queue = queue
+        self._sink = sink
         self._stall_timeout_s = stall_timeout_s
         self._on_state = on_state
         self._clock = clock
@@ -240,7 +213,7 @@ class CameraReader:
         self._lock = threading.Lock()  # this reader's counters; never shared with other readers
         #: serializes state changes and their callbacks, so listeners see them in order
         self._state_lock = threading.RLock()
-        #: held around each queue put, so join() can be sure no abandoned connection still puts
+        #: held around each sink call, so join() can be sure no abandoned connection still delivers
         self._deliver_lock = threading.Lock()
         self._random = random.Random()
         self._state = CameraState.CONNECTING if config.enabled else CameraState.DISABLED
@@ -260,9 +233,8 @@ class CameraReader:
         self._error: str | None = None
         self._last_good_at: float | None = None
         self._retry_in_s: float | None = None
-        now = clock()
-        self._rate_in = RateWindow(RATE_WINDOW_S, now)
-        self._rate_out = RateWindow(RATE_WINDOW_S, now)
+        self._rate_in = RateMeter(RATE_WINDOW_S, clock)
+        self._rate_out = RateMeter(RATE_WINDOW_S, clock)
         # backoff bookkeeping (supervisor thread only)
         self._consecutive_failures = 0
         self._backoff_level = 0
@@ -339,14 +311,13 @@ class CameraReader:
                 "url": self._safe_url,
                 "frames_in": self._frames_in,
                 "frames_out": self._frames_out,
-                "queue_drops": self._queue.dropped,
                 "sampled_out": self._sampled_out,
                 "late_frames": self._late_frames,
                 "reconnects": self._reconnects,
                 "stalls": self._stalls,
                 "last_frame_age_s": None if self._last_good_at is None else round(now - self._last_good_at, 3),
-                "fps_in": round(self._rate_in.rate(now), 2),
-                "fps_out": round(self._rate_out.rate(now), 2),
+                "fps_in": round(self._rate_in.rate(), 2),
+                "fps_out": round(self._rate_out.rate(), 2),
                 "consecutive_failures": self._consecutive_failures,
                 "retry_in_s": self._retry_in_s,
                 "error": self._error,
@@ -396,7 +367,7 @@ class CameraReader:
             return CameraState.STOPPED, "stop requested"
         if result.outcome is Outcome.ENDED:
             return CameraState.ENDED, result.reason
-        if result.outcome is Outcome.QUEUE_CLOSED:
+        if result.outcome is Outcome.SINK_CLOSED:
             self._stop.set()
             return CameraState.STOPPED, result.reason
         self._record_error(result.reason)
@@ -518,7 +489,8 @@ class CameraReader:
         try:
             source = open_source(self._config.url, loop=self._config.loop,
                                  open_timeout_s=self._config.open_timeout_s,
-                                 read_timeout_s=self._config.read_timeout_s, camera=self.name)
+                                 read_timeout_s=self._config.read_timeout_s, camera=self.name,
+                                 decode_threads=self._config.decode_threads)
             conn.opened_at = conn.progress_mark = self._clock()
             if not conn.cancelled.is_set():
                 self._pump(conn, source)
@@ -526,8 +498,8 @@ class CameraReader:
             conn.finish(Outcome.UNSUPPORTED, self._scrub(str(exc)))
         except SourceError as exc:
             conn.finish(Outcome.ERROR, self._scrub(str(exc)))
-        except QueueClosed:
-            conn.finish(Outcome.QUEUE_CLOSED, "queue closed")
+        except SinkClosed:
+            conn.finish(Outcome.SINK_CLOSED, "camera removed")
         except Exception as exc:  # noqa: BLE001 - logged; the supervisor backs off and retries
             self._log_exception("capture error", exc)
             conn.finish(Outcome.ERROR, f"internal error: {type(exc).__name__}: {self._scrub(str(exc))}")
@@ -610,14 +582,13 @@ class CameraReader:
     def _count_frame_in(self, conn: Connection) -> int | None:
         """The frame's seq (frames read since the reader started); None if the connection was
         abandoned meanwhile, so an orphaned thread never interleaves its frames with the next."""
-        now = self._clock()
         with self._lock:
             if conn.cancelled.is_set():
                 return None
             seq = self._frames_in
             self._frames_in += 1
-            self._rate_in.mark(now)
-            return seq
+        self._rate_in.mark()
+        return seq
 
     def _count_late(self, read_s: float) -> None:
         with self._lock:
@@ -635,19 +606,18 @@ class CameraReader:
             self._last_good_at = now
 
     def _deliver(self, conn: Connection, frame: Frame) -> None:
-        """Queue a frame. A lossless queue blocks; we wait in slices so stop() is honoured.
-        The cancel check and the put happen under `_deliver_lock`, so once join() has passed
-        that lock an abandoned connection can never queue another frame."""
+        """Hand a frame to the sink. A lossless sink blocks; we wait in slices so stop() is
+        honoured. The cancel check and the sink call happen under `_deliver_lock`, so once join()
+        has passed that lock an abandoned connection can never deliver another frame."""
         while True:
             with self._deliver_lock:
                 if conn.cancelled.is_set():
                     return
-                if self._queue.put(frame, timeout=PUT_SLICE_S):
+                if self._sink(frame, PUT_SLICE_S):
                     break
-        now = self._clock()
         with self._lock:
             self._frames_out += 1
-            self._rate_out.mark(now)
+        self._rate_out.mark()
 
     def _release(self, source: Source | None) -> None:
         if source is None:
