@@ -29,6 +29,11 @@ def add_parser(sub) -> None:
     model.add_argument("--repeat", type=int, default=30)
     model.add_argument("--threads", type=int, default=0, help="intra-op threads (0: ORT default)")
     model.set_defaults(func=run_model)
+    from ..bench import clips, e2e, pipeline
+
+    pipeline.add_parser(bsub)
+    e2e.add_parser(bsub)
+    clips.add_parser(bsub)
 
 
 def _frame(path: str | None, width: int, height: int) -> np.ndarray:
@@ -43,7 +48,7 @@ def _frame(path: str | None, width: int, height: int) -> np.ndarray:
 
 
 def run_micro(args: argparse.Namespace) -> int:
-    from ..benchmarks import bench_decode_nms, bench_letterbox, format_table
+    from ..bench.micro import bench_decode_nms, bench_letterbox, format_table
     from ..config import ModelConfig
     from ..detector import open_detector
 
@@ -68,7 +73,7 @@ def run_micro(args: argparse.Namespace) -> int:
 
 
 def run_model(args: argparse.Namespace) -> int:
-    from ..benchmarks import bench_model, format_table
+    from ..bench.micro import bench_model, format_table
 
     try:
         frame = _frame(args.image, 1920, 1080) if not args.image else cv2.imread(args.image)

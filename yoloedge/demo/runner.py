@@ -9,9 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,9 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from ..localbroker import HOST, find_mosquitto, free_port, start_broker
 from . import LABELS, MODEL, clip_path
-
-HOST = "127.0.0.1"
 
 
 def add_parser(sub) -> None:
@@ -37,40 +34,6 @@ def add_parser(sub) -> None:
     p.add_argument("--fps", type=float, default=10, help="frames per second to process (default 10)")
     p.add_argument("--status-after", type=float, default=5, help="print yoloedge-ctl status after N s")
     p.set_defaults(func=run)
-
-
-def find_mosquitto() -> str | None:
-    found = shutil.which("mosquitto")
-    if found:
-        return found
-    candidate = Path("/usr/sbin/mosquitto")
-    return str(candidate) if candidate.exists() else None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def start_broker(binary: str, workdir: Path, port: int) -> subprocess.Popen:
-    conf = workdir / "mosquitto.conf"
-    lines = [f"listener {port} {HOST}", "allow_anonymous true", "persistence false", "log_dest none"]
-    if os.geteuid() == 0:
-        lines.append("user root")  # else it drops to 'mosquitto', which cannot read our temp dir
-    conf.write_text("\n".join(lines) + "\n")
-    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((HOST, port), timeout=0.2):
-                return proc
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"mosquitto exited: {proc.stderr.read().decode(errors='replace')}")
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("mosquitto did not start listening within 10 s")
 
 
 def demo_config(args, workdir: Path, port: int) -> dict:

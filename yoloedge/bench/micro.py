@@ -48,7 +48,7 @@ def format_table(title: str, rows: list[Timing]) -> str:
 
 # -- letterbox ---------------------------------------------------------------------------------
 def bench_letterbox(frame: np.ndarray, size: int, repeat: int) -> list[Timing]:
-    from .preprocess import Letterboxer
+    from ..preprocess import Letterboxer
 
     h, w = frame.shape[:2]
     buf = np.empty((1, 3, size, size), np.float32)
@@ -87,8 +87,8 @@ def bench_letterbox(frame: np.ndarray, size: int, repeat: int) -> list[Timing]:
 # -- decode + NMS ------------------------------------------------------------------------------
 def bench_decode_nms(output: np.ndarray, conf: float, iou: float, repeat: int) -> list[Timing]:
     """`output` is one image's v8 output [4+nc, N]."""
-    from .postprocess import Layout, PostprocessSettings, Postprocessor, make_decoder
-    from .preprocess import Geometry
+    from ..postprocess import Layout, PostprocessSettings, Postprocessor, make_decoder
+    from ..preprocess import Geometry
 
     nc = output.shape[0] - 4
     post = Postprocessor(make_decoder(Layout("v8", nc)), PostprocessSettings(conf=conf, iou=iou))
@@ -133,8 +133,8 @@ def bench_model(model_path: str, frame: np.ndarray, repeat: int, threads: int = 
     """Our full detect() against the bare ONNX Runtime session on the same pre-filled input."""
     import onnxruntime as ort
 
-    from .config import ModelConfig, OnnxRuntimeConfig
-    from .detector import open_detector
+    from ..config import ModelConfig, OnnxRuntimeConfig
+    from ..detector import open_detector
 
     cfg = OnnxRuntimeConfig(intra_op_threads=threads)
     det = open_detector(ModelConfig(path=model_path), backend_config=cfg)

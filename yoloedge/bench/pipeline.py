@@ -1,0 +1,426 @@
+"""`yoloedge bench pipeline`: can this host keep a fast accelerator busy?
+
+Runs the real daemon (a subprocess: readers -> queues -> preparers -> device worker -> post ->
+MQTT to a private mosquitto) with N cameras feeding a simulated device of a chosen speed, and
+prints, side by side from one run: what was offered and published, the device's utilisation
+(busy / wall), drops, capture -> publish latency, per-camera fairness, the daemon's CPU, RSS,
+threads and file descriptors, and the host's own decode + letterbox ceiling, measured right after
+with plain OpenCV threads.
+
+Cameras are synthetic (one pre-decoded frame at a set fps: decoding excluded) or, with `--clip`,
+file cameras decoding a real clip (paced at its frame rate, or lossless with `--lossless`).
+With `--sample S` it also prints RSS, threads and fds every S seconds (a soak test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import yaml
+
+from ..control.client import ControlError, request
+from ..localbroker import HOST, INSTALL_HINT, find_mosquitto, free_port, start_broker
+from .host import Ceiling, ProcSample, cpu_percent, host_ceiling, sample_process
+
+DEVICE_ID = "bench"
+_LATENCY = re.compile(rb'"latency_ms":\s*([0-9.]+)')
+
+
+def add_parser(bsub) -> None:
+    p = bsub.add_parser("pipeline", help="the daemon feeding a simulated device, against the host's ceiling",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="ONNX model; the simulated device returns its real outputs")
+    p.add_argument("--image", help="image the outputs are recorded on and synthetic cameras show "
+                                   "(default: a textured synthetic frame)")
+    p.add_argument("--cameras", type=int, default=8)
+    p.add_argument("--fps", type=float, default=50, help="frames/s per synthetic camera (default 50)")
+    p.add_argument("--size", default="1920x1080", help="synthetic frame size WIDTHxHEIGHT (default 1920x1080)")
+    p.add_argument("--clip", help="decode this video in every camera instead (paced at its frame rate)")
+    p.add_argument("--lossless", action="store_true", help="with --clip: realtime: false, every frame")
+    p.add_argument("--decode-threads", type=int, default=1, help="FFmpeg threads per camera with --clip")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--device-ms", default="4,2", help="BASE,PER_FRAME ms per inference (default 4,2: "
+                                                      "batch 8 in 20 ms = 400 frames/s)")
+    p.add_argument("--aipp", action="store_true", help="uint8 NHWC input, like an Ascend .om with AIPP")
+    p.add_argument("--input-buffers", type=int, default=2)
+    p.add_argument("--preprocess-threads", type=int, default=0)
+    p.add_argument("--seconds", type=float, default=20, help="measured time (default 20)")
+    p.add_argument("--warmup", type=float, default=5, help="seconds before measuring (default 5)")
+    p.add_argument("--sample", type=float, default=0, help="print RSS/threads/fds every N s (soak)")
+    p.add_argument("--ceiling-seconds", type=float, default=5, help="host ceiling measurement (0: skip)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the run without cameras (per-camera memory)")
+    p.set_defaults(func=main)
+
+
+@dataclass
+class Options:
+    model: str
+    image: str | None = None
+    cameras: int = 8
+    fps: float = 50.0
+    size: tuple[int, int] = (1920, 1080)  # width, height
+    clip: str | None = None
+    lossless: bool = False
+    decode_threads: int = 1
+    batch: int = 8
+    device_ms: tuple[float, float] = (4.0, 2.0)
+    aipp: bool = False
+    input_buffers: int = 2
+    preprocess_threads: int = 0
+    seconds: float = 20.0
+    warmup: float = 5.0
+    sample: float = 0.0
+    ceiling_seconds: float = 5.0
+    baseline: bool = True
+
+    @property
+    def device_fps(self) -> float:
+        base, per_frame = self.device_ms
+        return self.batch / (base + per_frame * self.batch) * 1000
+
+    @property
+    def offered_fps(self) -> float | None:
+        if self.clip:
+            return None if self.lossless else self.cameras * _clip_fps(self.clip)
+        return self.cameras * self.fps
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        width, height = (int(v) for v in args.size.lower().split("x"))
+        base, per_frame = (float(v) for v in args.device_ms.split(","))
+    except ValueError:
+        print("yoloedge bench pipeline: --size is WIDTHxHEIGHT and --device-ms is BASE,PER_FRAME", file=sys.stderr)
+        return 2
+    opts = Options(model=str(Path(args.model).resolve()), image=str(Path(args.image).resolve()) if args.image else None,
+                   cameras=args.cameras, fps=args.fps, size=(width, height),
+                   clip=str(Path(args.clip).resolve()) if args.clip else None, lossless=args.lossless,
+                   decode_threads=args.decode_threads, batch=args.batch, device_ms=(base, per_frame),
+                   aipp=args.aipp, input_buffers=args.input_buffers, preprocess_threads=args.preprocess_threads,
+                   seconds=args.seconds, warmup=args.warmup, sample=args.sample,
+                   ceiling_seconds=args.ceiling_seconds, baseline=not args.no_baseline)
+    binary = find_mosquitto()
+    if binary is None:
+        print(f"yoloedge bench pipeline: needs the mosquitto MQTT broker ({INSTALL_HINT})", file=sys.stderr)
+        return 2
+    for path in filter(None, (opts.model, opts.image, opts.clip)):
+        if not os.path.isfile(path):
+            print(f"yoloedge bench pipeline: no such file: {path}", file=sys.stderr)
+            return 2
+    with tempfile.TemporaryDirectory(prefix="yoloedge-bench-") as tmp:
+        result = run(opts, Path(tmp), binary)
+    print(report(opts, result))
+    return 0
+
+
+# -- the run ---------------------------------------------------------------------------------------
+@dataclass
+class Result:
+    seconds: float = 0.0
+    published: dict[str, int] = field(default_factory=dict)
+    latencies_ms: list[float] = field(default_factory=list)
+    busy_s: float = 0.0
+    drops: int = 0
+    frames_in: int = 0
+    daemon: tuple[ProcSample, ProcSample] | None = None
+    broker_cpu: float = 0.0
+    bench_cpu: float = 0.0
+    samples: list[ProcSample] = field(default_factory=list)
+    baseline: ProcSample | None = None
+    ceiling: Ceiling | None = None
+    batch_p50: float | None = None
+
+
+def run(opts: Options, workdir: Path, binary: str) -> Result:
+    port = free_port()
+    broker = start_broker(binary, workdir, port)
+    result = Result()
+    try:
+        if opts.baseline:
+            result.baseline = _baseline(opts, workdir, port)
+        _measure(opts, workdir, port, broker.pid, result)
+    finally:
+        broker.terminate()
+        broker.wait(10)
+    if opts.ceiling_seconds > 0:
+        frame = None if opts.clip else _frame(opts)
+        nhwc = opts.aipp
+        result.ceiling = host_ceiling(opts.cameras, opts.ceiling_seconds, _model_hw(opts.model), frame=frame,
+                                      clip=opts.clip, decode_threads=opts.decode_threads, nhwc=nhwc)
+    return result
+
+
+def _baseline(opts: Options, workdir: Path, port: int) -> ProcSample:
+    """The daemon with the model loaded and no camera: what each camera adds is measured against it."""
+    with Daemon(workdir, config(opts, workdir, port, cameras=0)) as daemon:
+        time.sleep(2.0)
+        return sample_process(daemon.pid)
+
+
+def _measure(opts: Options, workdir: Path, port: int, broker_pid: int, result: Result) -> None:
+    counter = Subscriber(port)
+    try:
+        with Daemon(workdir, config(opts, workdir, port, cameras=opts.cameras)) as daemon:
+            time.sleep(opts.warmup)
+            status0 = daemon.status()
+            first, broker0, bench0 = sample_process(daemon.pid), sample_process(broker_pid), sample_process(os.getpid())
+            counter.open_window()
+            result.samples.append(first)
+            deadline = time.monotonic() + opts.seconds
+            next_sample = time.monotonic() + (opts.sample or opts.seconds + 1)
+            while time.monotonic() < deadline:
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                if opts.sample and time.monotonic() >= next_sample:
+                    result.samples.append(sample_process(daemon.pid))
+                    next_sample += opts.sample
+            counter.close_window()
+            last, broker1, bench1 = sample_process(daemon.pid), sample_process(broker_pid), sample_process(os.getpid())
+            status1 = daemon.status()
+            result.samples.append(last)
+    finally:
+        counter.stop()
+    result.seconds = counter.window_s
+    result.published = counter.per_camera
+    result.latencies_ms = counter.latencies
+    result.daemon = (first, last)
+    result.broker_cpu = cpu_percent(broker0, broker1)
+    result.bench_cpu = cpu_percent(bench0, bench1)
+    result.busy_s = (sum(a["busy_s"] for a in status1["accelerators"])
+                     - sum(a["busy_s"] for a in status0["accelerators"]))
+    cams0 = {c["name"]: c for c in status0["cameras"]}
+    result.drops = sum(c["drops"] - cams0[c["name"]]["drops"] for c in status1["cameras"])
+    result.frames_in = sum((c["frames_in"] or 0) - (cams0[c["name"]]["frames_in"] or 0) for c in status1["cameras"])
+    result.batch_p50 = status1["accelerators"][0].get("batch_p50")
+
+
+def config(opts: Options, workdir: Path, port: int, cameras: int) -> dict:
+    width, height = opts.size
+    simulated: dict = {"device_ms": list(opts.device_ms), "input": "aipp" if opts.aipp else "host"}
+    if opts.image:
+        simulated["image"] = opts.image
+    cams = []
+    for i in range(cameras):
+        if opts.clip:
+            cam = {"name": f"cam{i:02d}", "url": opts.clip, "loop": True, "decode_threads": opts.decode_threads}
+            if opts.lossless:
+                cam["realtime"] = False
+        else:
+            url = f"synthetic://{width}x{height}?fps={opts.fps:g}" + (f"&image={opts.image}" if opts.image else "")
+            cam = {"name": f"cam{i:02d}", "url": url}
+        cams.append(cam)
+    return {
+        "device_id": DEVICE_ID,
+        "model": {"path": opts.model, "input": "aipp" if opts.aipp else "host"},
+        "accelerators": [{"name": "sim", "backend": "simulated", "batch": opts.batch,
+                          "input_buffers": opts.input_buffers, "preprocess_threads": opts.preprocess_threads,
+                          "simulated": simulated}],
+        "cameras": cams,
+        "mqtt": {"host": HOST, "port": port, "stats_interval_s": 3600},
+        "control": {"socket": str(workdir / "control.sock")},
+        "logging": {"level": "warning", "target": "stderr"},
+        "shutdown_timeout_s": 10,
+    }
+
+
+class Daemon:
+    """`yoloedge run` as a subprocess, its own process (so /proc shows only the daemon)."""
+
+    def __init__(self, workdir: Path, cfg: dict):
+        self.workdir = workdir
+        self.socket = cfg["control"]["socket"]
+        self.config_path = workdir / "bench.yaml"
+        self.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self.log_path = workdir / "daemon.log"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Daemon:
+        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "yoloedge", "run", "-c", str(self.config_path)],
+                                         env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the daemon exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
+            try:
+                if request(self.socket, {"cmd": "status"})["daemon"]["state"] == "running":
+                    return self
+            except ControlError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the daemon did not start within 120 s:\n{self.log_path.read_text()}")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc else -1
+
+    def status(self) -> dict:
+        return request(self.socket, {"cmd": "status"}, timeout=10)
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+class Subscriber:
+    """Counts detection messages per camera and collects their capture -> publish latency, inside
+    the measuring window only. Parses as little as it can: it shares the host with the daemon."""
+
+    def __init__(self, port: int):
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        self.per_camera: dict[str, int] = {}
+        self.latencies: list[float] = []
+        self._open = False
+        self._opened = self._closed = 0.0
+        self._lock = threading.Lock()
+        self._subscribed = threading.Event()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="yoloedge-bench-subscriber")
+        self.client.on_connect = lambda c, u, f, rc, p: c.subscribe(f"yoloedge/{DEVICE_ID}/cameras/+/detections", 0)
+        self.client.on_subscribe = lambda *a: self._subscribed.set()
+        self.client.on_message = self._on_message
+        self.client.connect(HOST, port)
+        self.client.loop_start()
+        if not self._subscribed.wait(10):
+            raise RuntimeError("the bench's subscriber could not subscribe")
+
+    def _on_message(self, client, userdata, message) -> None:
+        if not self._open:
+            return
+        camera = message.topic.split("/")[-2]
+        match = _LATENCY.search(message.payload)
+        with self._lock:
+            self.per_camera[camera] = self.per_camera.get(camera, 0) + 1
+            if match:
+                self.latencies.append(float(match.group(1)))
+
+    def open_window(self) -> None:
+        self._opened, self._open = time.monotonic(), True
+
+    def close_window(self) -> None:
+        self._open, self._closed = False, time.monotonic()
+
+    @property
+    def window_s(self) -> float:
+        return self._closed - self._opened
+
+    def stop(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+# -- inputs ----------------------------------------------------------------------------------------
+def _frame(opts: Options):
+    """The frame the host ceiling letterboxes: what the synthetic cameras deliver."""
+    from ..sources.capture import open_source
+
+    width, height = opts.size
+    url = f"synthetic://{width}x{height}?fps=1000" + (f"&image={opts.image}" if opts.image else "")
+    source = open_source(url)
+    try:
+        return source.read()
+    finally:
+        source.release()
+
+
+def _model_hw(model: str) -> tuple[int, int]:
+    from ..backends.onnxruntime import OnnxRuntimeBackend
+
+    backend = OnnxRuntimeBackend(model)
+    try:
+        shape = backend.open(1).input.shape
+    finally:
+        backend.close()
+    return (shape[1], shape[2]) if shape[3] in (1, 3) and shape[1] not in (1, 3) else (shape[2], shape[3])
+
+
+def _clip_fps(path: str) -> float:
+    cap = cv2.VideoCapture(path)
+    try:
+        return float(cap.get(cv2.CAP_PROP_FPS)) or 0.0
+    finally:
+        cap.release()
+
+
+# -- the report ------------------------------------------------------------------------------------
+def report(opts: Options, r: Result) -> str:
+    width, height = opts.size
+    if opts.clip:
+        source = (f"{opts.cameras} file cameras decoding {os.path.basename(opts.clip)}"
+                  + (" losslessly (realtime: false)" if opts.lossless else f" at {_clip_fps(opts.clip):.2f} fps"))
+    else:
+        source = f"{opts.cameras} synthetic cameras {width}x{height} @ {opts.fps:g} fps"
+    base, per_frame = opts.device_ms
+    lines = [
+        f"yoloedge bench pipeline: {source}",
+        f"  -> simulated device: batch {opts.batch}, {base:g} ms + {per_frame:g} ms/frame = "
+        f"{opts.device_fps:.0f} frames/s, {'uint8 NHWC (AIPP)' if opts.aipp else 'float NCHW'} input, "
+        f"{opts.input_buffers} input buffers; model {os.path.basename(opts.model)}",
+        f"  host: {os.cpu_count()} cores; measured {r.seconds:.1f} s after {opts.warmup:g} s of warm-up",
+        "",
+    ]
+    published = sum(r.published.values())
+    rate = published / r.seconds if r.seconds else 0.0
+    offered = opts.offered_fps
+    ceiling = r.ceiling.fps if r.ceiling else None
+    target = min(opts.device_fps, ceiling) if ceiling else opts.device_fps
+    rows = []
+    if offered is not None:
+        rows.append(("offered", f"{offered:8.1f} frames/s", ""))
+    rows.append(("published", f"{rate:8.1f} frames/s",
+                 (f"{100 * rate / offered:.1f}% of offered; " if offered else "")
+                 + f"{100 * rate / target:.1f}% of min(device, host ceiling) = {target:.0f}"))
+    rows.append(("device utilisation", f"{100 * r.busy_s / r.seconds if r.seconds else 0:8.1f} %",
+                 f"busy/wall; median batch {r.batch_p50}"))
+    rows.append(("dropped (keep-latest)", f"{r.drops / r.seconds if r.seconds else 0:8.1f} frames/s",
+                 f"{r.drops} of {r.frames_in} read"))
+    if r.latencies_ms:
+        lat = sorted(r.latencies_ms)
+        rows.append(("capture -> publish", f"{statistics.median(lat):8.1f} ms p50",
+                     f"p99 {lat[min(len(lat) - 1, int(0.99 * len(lat)))]:.1f} ms, max {lat[-1]:.1f} ms"))
+    if r.published:
+        rates = [n / r.seconds for n in r.published.values()]
+        spread = 100 * (max(rates) - min(rates)) / max(rates) if max(rates) else 0.0
+        rows.append(("per camera published", f"{min(rates):8.1f} min", f"max {max(rates):.1f} frames/s "
+                                                                      f"(spread {spread:.1f}%)"))
+    if r.ceiling:
+        rows.append(("host ceiling", f"{r.ceiling.fps:8.1f} frames/s",
+                     f"{r.ceiling.threads} plain OpenCV threads: {r.ceiling.what}"))
+    if r.daemon:
+        first, last = r.daemon
+        rows.append(("daemon CPU", f"{cpu_percent(first, last):8.1f} %",
+                     f"of {100 * (os.cpu_count() or 1)}%; mosquitto {r.broker_cpu:.1f}%, this bench's "
+                     f"subscriber {r.bench_cpu:.1f}%"))
+        rows.append(("daemon memory", f"{last.rss_mb:8.1f} MB RSS", f"{last.threads} threads, {last.fds} fds"))
+        if r.baseline and opts.cameras:
+            rows.append(("per camera", f"{(last.rss_mb - r.baseline.rss_mb) / opts.cameras:8.1f} MB",
+                         f"{(last.threads - r.baseline.threads) / opts.cameras:.1f} threads (against the daemon "
+                         f"with no camera: {r.baseline.rss_mb:.0f} MB, {r.baseline.threads} threads)"))
+    width_name = max(len(n) for n, _, _ in rows)
+    lines += [f"  {name:<{width_name}}  {value}  {note}".rstrip() for name, value, note in rows]
+    if opts.sample and len(r.samples) > 2:
+        lines += ["", "  soak samples:      t s   RSS MB  threads  fds"]
+        t0 = r.samples[0].at
+        lines += [f"  {'':16}{s.at - t0:6.0f}  {s.rss_mb:7.1f}  {s.threads:7d}  {s.fds:4d}" for s in r.samples]
+        first, last = r.samples[0], r.samples[-1]
+        lines.append(f"  RSS growth after warm-up: {100 * (last.rss_mb - first.rss_mb) / first.rss_mb:+.2f}%; "
+                     f"threads {first.threads} -> {last.threads}; fds {first.fds} -> {last.fds}")
+    return "\n".join(lines)
