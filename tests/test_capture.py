@@ -93,6 +93,26 @@ def test_a_network_stream_gets_the_decode_threads_too(rtsp_server):
         assert threads_added_while_reading(url, 5, decode_threads=0, open_timeout_s=10, read_timeout_s=5) >= 2
 
 
+@pytest.mark.shared
+@pytest.mark.parametrize("video", [H264, AVI])
+def test_reuse_frame_decodes_into_one_array_and_the_same_pixels(media, video):
+    """The daemon's readers decode every frame into the previous frame's array (its sink copies
+    what it needs first): no 6.2 MB allocation per 1080p frame, and the same pixels."""
+    url = str(media / video)
+    expected = frame_digests(url, 30)
+    source = open_source(url, reuse_frame=True)
+    try:
+        first = source.read()
+        got = [hashlib.sha256(first.tobytes()).hexdigest()]
+        for _ in range(29):
+            image = source.read()
+            assert image is first  # the same array, written in place
+            got.append(hashlib.sha256(image.tobytes()).hexdigest())
+    finally:
+        source.release()
+    assert got == expected
+
+
 def test_decode_thread_params():
     assert decode_thread_params(0) == []
     assert decode_thread_params(3) == [cv2.CAP_PROP_N_THREADS, 3]

@@ -15,11 +15,12 @@ from yoloedge.backends.onnxruntime import OnnxRuntimeBackend
 from yoloedge.config import AcceleratorConfig, ModelConfig
 from yoloedge.health.progress import ProgressTracker
 from yoloedge.pipeline.batcher import Batcher
+from yoloedge.pipeline.intake import CameraIntake
 from yoloedge.pipeline.post import PostStage
 from yoloedge.pipeline.prepare import Preparer
 from yoloedge.pipeline.queues import FrameQueue, QueueClosed
 from yoloedge.pipeline.worker import DeviceWorker, WorkerState
-from yoloedge.preprocess import compute_geometry
+from yoloedge.preprocess import Resizer, compute_geometry
 from yoloedge.sources.frame import Frame
 
 RED, BLUE = (0, 0, 255), (255, 0, 0)
@@ -95,6 +96,34 @@ def test_closing_a_lossless_queue_releases_a_blocked_reader():
     q.close()
     t.join(2)
     assert not t.is_alive() and len(errors) == 1
+
+
+# -- intake: the camera's sink ------------------------------------------------------------------
+def test_intake_queues_the_resized_picture_and_recycles_dropped_buffers():
+    q = FrameQueue("a", 2, lossless=False)
+    intake = CameraIntake(q, Resizer(64, 64), ring=CameraIntake.ring_size(2, preparers=1))
+    big = frame("a", 0, RED, size=(1080, 1920))
+    seen = set()
+    for i in range(50):  # nobody consumes: the queue overflows all the time
+        assert intake(Frame("a", i, big.image, 0.0, 0.0), 0.1)
+        seen.add(q._items[-1].image.ctypes.data)
+    assert q.dropped == 48 and intake.grown == 0  # every dropped picture gave its buffer back
+    assert len(seen) <= 4  # the ring: 2 queued + 1 preparer + 1 being resized, reused over and over
+    assert [item.seq for item in q._items] == [48, 49]
+    item = q.get_nowait()
+    assert item.image.shape == (36, 64, 3) and item.geometry.src_w == 1920 and item.image[0, 0, 2] == 255
+
+
+def test_intake_on_a_full_lossless_queue_returns_false_without_resizing():
+    q = FrameQueue("a", 1, lossless=True)
+    intake = CameraIntake(q, Resizer(64, 64), ring=3)
+    assert intake(frame("a", 0), 0.1)
+    free_before = len(intake._free)
+    assert intake(frame("a", 1), 0.1) is False
+    assert len(intake._free) == free_before and len(q) == 1  # nothing taken, nothing lost
+    q.close()
+    with pytest.raises(QueueClosed):
+        intake(frame("a", 2), 0.1)
 
 
 # -- batcher -----------------------------------------------------------------------------------
@@ -302,6 +331,13 @@ class Pipeline:
         for p in self.preparers:
             p.start()
 
+    def camera(self, name, size, lossless=True):
+        """The camera's queue and the sink a reader would write into (resize on the caller's thread)."""
+        det = self.workers[0].detector
+        queue = self.batcher.add_camera(name, size, lossless)
+        return CameraIntake(queue, Resizer(det.input.height, det.input.width, det.style),
+                            CameraIntake.ring_size(size, len(self.preparers)))
+
     def stop(self):
         for p in self.preparers:
             p.stop()
@@ -316,9 +352,9 @@ class Pipeline:
 
 def test_frames_are_letterboxed_run_and_published_each_with_its_own_answer(model):
     p = Pipeline(model, [FlakyBackend(model)])
-    q = p.batcher.add_camera("a", 20, True)
+    sink = p.camera("a", 20)
     for i in range(10):
-        q.put(frame("a", i, RED if i % 2 == 0 else BLUE))
+        assert sink(frame("a", i, RED if i % 2 == 0 else BLUE), 5.0)
     wait_until(lambda: len(p.published.items) == 10, what="10 published frames")
     assert [s for _, s, _ in p.published.items] == list(range(10))
     for _, seq, labels in p.published.items:
@@ -339,10 +375,10 @@ def test_each_cameras_frames_are_published_in_order_across_devices(model):
 
     slow.run = slow_run
     p = Pipeline(model, [fast, slow], batch=2)
-    queues = [p.batcher.add_camera(c, 100, True) for c in ("a", "b", "c")]
+    sinks = {c: p.camera(c, 100) for c in ("a", "b", "c")}
     for i in range(20):
-        for q in queues:
-            q.put(frame(q.camera, i))
+        for name, sink in sinks.items():
+            assert sink(frame(name, i), 5.0)
     wait_until(lambda: len(p.published.items) == 60, what="60 published frames")
     for cam in ("a", "b", "c"):
         assert [s for c, s, _ in p.published.items if c == cam] == list(range(20)), cam
@@ -355,9 +391,10 @@ def test_a_slow_publisher_applies_back_pressure_with_bounded_memory(model):
     p = Pipeline(model, [backend], batch=2, input_buffers=2, post_threads=1)
     backend.runs = 0  # not the warm-up
     p.published.gate.clear()  # the broker is "slow": the first publish blocks
-    q = p.batcher.add_camera("a", 40, True)
+    sink = p.camera("a", 40)
+    q = sink.queue
     for i in range(30):
-        q.put(frame("a", i))
+        assert sink(frame("a", i), 5.0)
     assert p.published.entered.wait(10)
     wait_until(lambda: backend.runs >= 3, what="every output set filled")
     time.sleep(0.3)  # time for a (wrong) fourth run or more frames to leave the queue
@@ -376,10 +413,10 @@ def test_post_processing_adds_a_thread_when_a_batch_arrives_and_none_is_free(mod
     p = Pipeline(model, [FlakyBackend(model)], batch=1, post_threads=3)
     assert p.post.threads == 1
     p.published.gate.clear()  # the only thread is busy publishing frame 0 ...
-    q = p.batcher.add_camera("a", 10, True)
-    q.put(frame("a", 0))
+    sink = p.camera("a", 10)
+    sink(frame("a", 0), 5.0)
     assert p.published.entered.wait(10)
-    q.put(frame("a", 1))  # ... so frame 1's batch gets a thread of its own, which decodes it
+    sink(frame("a", 1), 5.0)  # ... so frame 1's batch gets a thread of its own, which decodes it
     wait_until(lambda: p.post.threads >= 2, what="a second post-processing thread")
     wait_until(lambda: len(p.post._ready) == 1, what="frame 1 decoded while frame 0 is published")
     p.published.gate.set()
@@ -393,13 +430,13 @@ def test_failing_inferences_mark_the_worker_unhealthy_then_recover(model):
     p = Pipeline(model, [backend], batch=1, max_errors=2)
     w = p.workers[0]
     backend.fail_next = 2
-    q = p.batcher.add_camera("a", 20, True)
+    sink = p.camera("a", 20)
     for i in range(2):
-        q.put(frame("a", i))
+        sink(frame("a", i), 5.0)
     wait_until(lambda: w.errors == 2, what="two failures")
     assert w.frames_lost == 2
     assert any("failed in a row" in str(pr) and pr.source == "test/0" for pr in p.tracker.check())
-    q.put(frame("a", 2))
+    sink(frame("a", 2), 5.0)
     wait_until(lambda: len(p.published.items) == 1, what="the next frame published")
     assert [s for _, s, _ in p.published.items] == [2]
     assert p.tracker.check() == []  # recovered
@@ -460,14 +497,14 @@ def test_the_hot_path_allocates_nothing_per_frame(tmp_path):
     counter = Counter()
     p.post.sink = counter
     image = cv2.resize(shot, (1920, 1080))  # one decoded frame, as a camera delivers it, reused
-    q = p.batcher.add_camera("a", 8, True)
+    sink = p.camera("a", 8)
     seq = 0
 
     def run(frames: int) -> None:
         nonlocal seq
         target = counter.count + frames
         for _ in range(frames):
-            q.put(Frame("a", seq, image, 0.0, time.monotonic()))
+            sink(Frame("a", seq, image, 0.0, time.monotonic()), 5.0)
             seq += 1
         wait_until(lambda: counter.count >= target, timeout=60, what=f"{frames} frames through")
 

@@ -180,16 +180,17 @@ class Daemon:
         group = self._group_for(camera)
         self._warn_unknown_classes(camera, group)
         queue = reader = None
-        if camera.enabled:
-            queue = group.batcher.add_camera(camera.name, queue_size_for(camera, group.config.batch),
-                                             is_lossless(camera))
-            reader = CameraReader(camera, queue.put, self.config.health.stall_timeout_s,
-                                  self.results.camera_state)
-        runtime = CameraRuntime(camera, group.name, queue, reader)
+        failed = None if group.running_workers else f"accelerator {group.name} did not start"
+        if camera.enabled and failed is None:
+            intake = group.add_camera(camera.name, queue_size_for(camera, group.config.batch), is_lossless(camera))
+            queue = intake.queue
+            reader = CameraReader(camera, intake, self.config.health.stall_timeout_s, self.results.camera_state,
+                                  reuse_frames=True)
+        runtime = CameraRuntime(camera, group.name, queue, reader, failed=failed if camera.enabled else None)
         with self._lock:
             self.cameras[camera.name] = runtime
         if reader is None:
-            self.results.camera_state(camera.name, CameraState.DISABLED, "enabled: false")
+            self.results.camera_state(camera.name, runtime.state, failed or "enabled: false")
         runtime.start()
 
     @staticmethod

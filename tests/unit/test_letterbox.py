@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 
-from yoloedge.preprocess import Geometry, Letterboxer, LetterboxStyle, compute_geometry
+from yoloedge.preprocess import Geometry, Letterboxer, LetterboxStyle, Resizer, compute_geometry
 
 CENTER = LetterboxStyle()
 TOPLEFT = LetterboxStyle(placement="topleft", rgb=False, normalize=False)
@@ -404,3 +404,37 @@ def test_boxes_to_source_works_in_place():
 def test_geometry_scales():
     g = Geometry(1280, 720, 640, 360, 0, 140)
     assert g.scale_x == 0.5 and g.scale_y == 0.5
+
+
+# -- the letterbox in two halves: resize on the camera thread, place on a preparer ----------------
+@pytest.mark.parametrize("size,channels,nhwc,dtype,style", [
+    ((1080, 1920), 3, False, np.float32, LetterboxStyle()),
+    ((1080, 810), 3, False, np.float16, LetterboxStyle()),
+    ((480, 640), 3, False, np.float32, LetterboxStyle(placement="topleft", rgb=False, normalize=False)),
+    ((720, 1280), 3, True, np.uint8, LetterboxStyle()),
+    ((333, 777), 1, False, np.float32, LetterboxStyle()),
+    ((640, 640), 3, False, np.float32, LetterboxStyle()),  # already the model size: copied
+    ((200, 150), 3, False, np.float32, LetterboxStyle()),  # smaller: enlarged
+])
+def test_resize_then_place_is_bit_for_bit_the_one_pass_letterbox(size, channels, nhwc, dtype, style):
+    """The daemon splits the letterbox across threads; the model must not see the difference."""
+    rng = np.random.default_rng(sum(size))
+    frame = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+    shape = (640, 640, 3) if nhwc else (channels, 640, 640)
+    one_pass, two_pass = np.zeros(shape, dtype), np.ones(shape, dtype)
+    whole = Letterboxer(640, 640, channels, nhwc=nhwc, style=style)
+    expected_geo = whole(frame, one_pass)
+    resized, geo = Resizer(640, 640, style).resize(frame)
+    assert geo == expected_geo and resized.shape == (geo.new_h, geo.new_w, 3)
+    Letterboxer(640, 640, channels, nhwc=nhwc, style=style).place(resized, geo, two_pass)
+    np.testing.assert_array_equal(one_pass, two_pass)
+
+
+def test_resizer_reuses_its_output_buffer_and_replaces_a_wrong_sized_one():
+    resizer = Resizer(640, 640)
+    frame = np.full((1080, 1920, 3), 7, np.uint8)
+    out, geo = resizer.resize(frame)
+    again, _ = resizer.resize(frame, out)
+    assert again is out  # written in place: no allocation per frame
+    other, geo2 = resizer.resize(np.full((480, 640, 3), 9, np.uint8), out)
+    assert other is not out and other.shape == (geo2.new_h, geo2.new_w, 3) and (other == 9).all()

@@ -81,6 +81,14 @@ class Backend(ABC):
         return None
 
 
+def host_buffer(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """A zeroed host buffer with every page touched now, at start: `np.zeros` maps pages lazily,
+    so the first batches would page-fault on the hot path and RSS would hide the memory until then."""
+    buffer = np.empty(shape, dtype)
+    buffer.fill(0)
+    return buffer
+
+
 def check_open_request(max_batch: int, input_sets: int, output_sets: int) -> None:
     """What every backend's `open` refuses before touching a device."""
     if max_batch < 1:

@@ -19,7 +19,7 @@ import onnxruntime as ort
 from ..config.model import PROVIDERS, OnnxRuntimeConfig
 from ..errors import BackendError, ModelError
 from ..model.spec import DYNAMIC, ModelSpec, TensorSpec, normalise_shape, parse_metadata
-from .base import Backend, check_open_request
+from .base import Backend, check_open_request, host_buffer
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +98,11 @@ class OnnxRuntimeBackend(Backend):
         capacity = -(-max_batch // self._chunk) * self._chunk
         shape[0] = capacity
         self._session = session
-        self._inputs = [np.zeros(shape, inp.dtype) for _ in range(input_sets)]
+        self._inputs = [host_buffer(tuple(shape), inp.dtype) for _ in range(input_sets)]
         inp = TensorSpec(inp.name, tuple(shape), inp.dtype)
         self._spec = ModelSpec(self.model_path, (inp,), outputs, meta)
         if self.config.io_binding and all(DYNAMIC not in o.per_item_shape() for o in outputs):
-            self._output_sets = [[np.zeros((capacity, *o.per_item_shape()), o.dtype) for o in outputs]
+            self._output_sets = [[host_buffer((capacity, *o.per_item_shape()), o.dtype) for o in outputs]
                                  for _ in range(output_sets)]
         log.info("loaded %s on %s: input %s %s, outputs %s", self.model_path, self.active_provider,
                  inp.name, list(inp.shape), ", ".join(f"{o.name} {list(o.shape)}" for o in outputs))

@@ -28,7 +28,7 @@ from ..errors import BackendError, ImageError
 from ..model.spec import DYNAMIC, ModelSpec, TensorSpec
 from ..postprocess import detect_layout
 from ..preprocess import Letterboxer, family_style
-from .base import Backend, check_open_request
+from .base import Backend, check_open_request, host_buffer
 from .onnxruntime import OnnxRuntimeBackend
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class SimulatedBackend(Backend):
             h, w, _, _ = _input_format(inp.shape)
             shape, dtype = (h, w, 3), np.dtype(np.uint8)
         self._capacity = max_batch
-        self._inputs = [np.zeros((max_batch, *shape), dtype) for _ in range(input_sets)]
+        self._inputs = [host_buffer((max_batch, *shape), dtype) for _ in range(input_sets)]
         self._output_sets = [[np.broadcast_to(r, (max_batch, *r.shape)).copy() for r in recorded]
                              for _ in range(output_sets)]
         self._spec = ModelSpec(

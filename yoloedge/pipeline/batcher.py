@@ -2,9 +2,10 @@
 
 Three kinds of threads meet here, under one lock:
 
-* camera readers put decoded frames into their camera's bounded queue (`queues.FrameQueue`);
-* preparers (`prepare.Preparer`) `take()` a frame together with a free slot of the *open* input
-  buffer, letterbox it there without the lock, and report it `filled()`;
+* camera readers put their frames, already resized to the model (see `intake`), into their
+  camera's bounded queue (`queues.FrameQueue`);
+* preparers (`prepare.Preparer`) `take()` a picture together with a free slot of the *open*
+  input buffer, finish its letterbox there without the lock, and report it `filled()`;
 * device workers `next_batch()` a sealed buffer and run it, then `release()` it for refilling.
 
 Every device gives the batcher its input sets (at least two), so one batch is filled while
@@ -33,7 +34,7 @@ from typing import Callable
 import numpy as np
 
 from ..preprocess import Geometry
-from ..sources.frame import Frame
+from .intake import Resized
 from .queues import FrameQueue
 from .slots import BatchBuffer
 
@@ -123,9 +124,9 @@ class Batcher:
 
     # -- preparers -------------------------------------------------------------------------------
     def take(self, stop: threading.Event, idle_wait_s: float = 0.5
-             ) -> tuple[Frame, BatchBuffer, int, float] | None:
-        """The next frame (round-robin over cameras) and the slot to letterbox it into:
-        (frame, buffer, slot, taken_mono). None when stopping, or after `idle_wait_s` of nothing."""
+             ) -> tuple[Resized, BatchBuffer, int, float] | None:
+        """The next picture (round-robin over cameras) and the slot to letterbox it into:
+        (picture, buffer, slot, taken_mono). None when stopping, or after `idle_wait_s` of nothing."""
         with self.lock:
             waited = False
             while not (stop.is_set() or self._closed):
@@ -139,7 +140,7 @@ class Batcher:
                 waited = not self._work.wait(idle_wait_s)
             return None
 
-    def filled(self, buffer: BatchBuffer, slot: int, frame: Frame, geometry: Geometry | None,
+    def filled(self, buffer: BatchBuffer, slot: int, frame: Resized, geometry: Geometry | None,
                taken_mono: float) -> None:
         """A preparer wrote `frame` into `slot` (geometry None: it failed; the slot stays empty)."""
         meta = buffer.metas[slot]
@@ -151,7 +152,7 @@ class Batcher:
             if buffer.ready:
                 self._batches.notify_all()
 
-    def _next_frame(self) -> Frame:
+    def _next_frame(self) -> Resized:
         n = len(self._order)
         for k in range(n):
             queue = self._order[(self._next + k) % n]

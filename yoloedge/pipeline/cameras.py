@@ -27,8 +27,9 @@ def queue_size_for(config: CameraConfig, batch: int) -> int:
 
 class CameraRuntime:
     def __init__(self, config: CameraConfig, group: str, queue: FrameQueue | None,
-                 reader: CameraReader | None):
+                 reader: CameraReader | None, failed: str | None = None):
         self.config = config
+        self.failed = failed  # why the camera could not be started at all (its accelerator failed)
         self.group = group
         self.queue = queue
         self.reader = reader
@@ -74,10 +75,13 @@ class CameraRuntime:
 
     @property
     def state(self) -> CameraState:
-        return self.reader.state if self.reader is not None else CameraState.DISABLED
+        if self.reader is not None:
+            return self.reader.state
+        return CameraState.FAILED if self.failed else CameraState.DISABLED
 
     def status(self) -> dict:
-        stats = self.reader.stats() if self.reader is not None else {"state": CameraState.DISABLED.value}
+        stats = self.reader.stats() if self.reader is not None else {"state": self.state.value,
+                                                                     "error": self.failed}
         return {
             "name": self.name,
             "url": stats.get("url"),

@@ -17,7 +17,9 @@ from ..config.model import ModelConfig
 from ..config.schema import AcceleratorConfig
 from ..detector import Detector
 from ..health.progress import ProgressTracker
+from ..preprocess import Resizer
 from .batcher import Batcher
+from .intake import CameraIntake
 from .post import PostStage, Sink
 from .prepare import Preparer, auto_threads
 from .worker import DeviceWorker, WorkerState
@@ -65,6 +67,15 @@ class AcceleratorGroup:
                                 self._letterbox_failed)
             self.preparers.append(preparer)
             preparer.start()
+
+    def add_camera(self, camera: str, queue_size: int, lossless: bool) -> CameraIntake:
+        """A camera's queue and the sink its reader writes into (the model must be loaded)."""
+        detector = self.detector
+        if detector is None:
+            raise RuntimeError(f"accelerator {self.name} has no running device")
+        queue = self.batcher.add_camera(camera, queue_size, lossless)
+        resizer = Resizer(detector.input.height, detector.input.width, detector.style)
+        return CameraIntake(queue, resizer, CameraIntake.ring_size(queue_size, len(self.preparers)))
 
     @staticmethod
     def _letterbox_failed(camera: str, seq: int, exc: Exception) -> None:

@@ -1,13 +1,15 @@
-"""Preparers: the threads that letterbox frames straight into the devices' input buffers.
+"""Preparers: the threads that finish the letterbox straight into the devices' input buffers.
 
 This is the host work that used to sit on the device thread and kept the card idle while it ran
-(decode -> letterbox -> run, serially). Here a small pool per accelerator group takes frames from
-the camera queues and writes them into slots of the open input buffer while the device executes
-another one. `cv2.resize` and NumPy's conversions release the GIL, so the pool uses every core.
+(decode -> letterbox -> run, serially). The resize already happened on the camera's reader thread
+(`intake`); a small pool per accelerator group takes the resized pictures from the camera queues,
+fairly, and writes them padded, in the model's channel order and scale, into slots of the open
+input buffer while the device executes another one. OpenCV and NumPy release the GIL for this,
+so the pool uses every core.
 
 Each preparer owns its `Letterboxer` (its canvas and plane buffers are allocated once and are not
-shared), so nothing is allocated per frame. A frame that cannot be letterboxed (an unsupported
-pixel format) leaves its slot empty: the batch still runs, and the frame is counted and logged.
+shared), so nothing is allocated per frame. A picture that cannot be placed leaves its slot empty:
+the batch still runs, and the frame is counted and logged.
 """
 
 from __future__ import annotations
@@ -49,14 +51,16 @@ class Preparer(threading.Thread):
             job = take(stop)
             if job is None:
                 continue
-            frame, buffer, slot, taken = job
+            item, buffer, slot, taken = job
+            geometry = None
             try:
-                geometry = letterbox(frame.image, buffer.array[slot])
-            except Exception as exc:  # noqa: BLE001 - a bad frame must not stop the pool
-                geometry = None
+                if item.image is not None and item.geometry is not None:
+                    geometry = letterbox.place(item.image, item.geometry, buffer.array[slot])
+            except Exception as exc:  # noqa: BLE001 - a bad picture must not stop the pool
                 self.failures += 1
-                self.on_failure(frame.camera, frame.seq, exc)
-            filled(buffer, slot, frame, geometry, taken)
+                self.on_failure(item.camera, item.seq, exc)
+            filled(buffer, slot, item, geometry, taken)  # copies what it needs of the item ...
+            item.release()  # ... which may then take the camera's next frame
             self.prepared += 1
 
     def stop(self) -> None:

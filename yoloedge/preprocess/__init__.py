@@ -1,5 +1,5 @@
 """Frames in, model input tensors out: letterbox written straight into the batch buffer."""
 
-from .letterbox import Geometry, Letterboxer, LetterboxStyle, compute_geometry, family_style
+from .letterbox import Geometry, Letterboxer, LetterboxStyle, Resizer, compute_geometry, family_style
 
-__all__ = ["Geometry", "Letterboxer", "LetterboxStyle", "compute_geometry", "family_style"]
+__all__ = ["Geometry", "Letterboxer", "LetterboxStyle", "Resizer", "compute_geometry", "family_style"]

@@ -202,9 +202,12 @@ class CameraReader:
     """
 
     def __init__(self, config: CameraConfig, sink: FrameSink, stall_timeout_s: float,
-                 on_state: StateCallback | None = None, clock: Callable[[], float] = time.monotonic):
+                 on_state: StateCallback | None = None, clock: Callable[[], float] = time.monotonic,
+                 reuse_frames: bool = False):
         self._config = config
         self._sink = sink
+        #: the sink is done with each frame when it returns: decode the next one into the same array
+        self._reuse_frames = reuse_frames
         self._stall_timeout_s = stall_timeout_s
         self._on_state = on_state
         self._clock = clock
@@ -490,7 +493,7 @@ class CameraReader:
             source = open_source(self._config.url, loop=self._config.loop,
                                  open_timeout_s=self._config.open_timeout_s,
                                  read_timeout_s=self._config.read_timeout_s, camera=self.name,
-                                 decode_threads=self._config.decode_threads)
+                                 decode_threads=self._config.decode_threads, reuse_frame=self._reuse_frames)
             conn.opened_at = conn.progress_mark = self._clock()
             if not conn.cancelled.is_set():
                 self._pump(conn, source)
