@@ -524,3 +524,23 @@ def test_the_hot_path_allocates_nothing_per_frame(tmp_path):
     p.stop()
     assert after - before < 64 * 1024, f"memory grew by {after - before} bytes over 400 frames"
     assert peak - before < 256 * 1024, f"a transient allocation of {peak - before} bytes on the hot path"
+
+
+def test_host_threads_run_below_the_device_worker(model):
+    """Preparers and post-processing are host work: on a CPU device an inference's parallel loop
+    must not be preempted by them (see yoloedge.threads), so they sit HOST_NICENESS below it."""
+    import os
+
+    from yoloedge.threads import HOST_NICENESS
+
+    p = Pipeline(model, [FlakyBackend(model)], batch=1)
+    sink = p.camera("a", 4)
+    sink(frame("a", 0), 5.0)
+    wait_until(lambda: len(p.published.items) == 1)
+    worker_nice = os.getpriority(os.PRIO_PROCESS, p.workers[0].native_id)
+    expected = min(19, worker_nice + HOST_NICENESS)
+    for thread in p.preparers:
+        assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == expected, thread.name
+    post = [t for t in p.post._threads if t.is_alive()]
+    assert post and all(os.getpriority(os.PRIO_PROCESS, t.native_id) == expected for t in post)
+    p.stop()

@@ -3,9 +3,11 @@
 Same model, same ONNX Runtime settings, same machine, one run: the bare loop runs the session on
 one letterboxed frame of the clip as fast as it can (the most the runtime gives); the daemon reads
 the clip losslessly (`realtime: false`, looping) and publishes every frame to a private mosquitto:
-decode, letterbox, batching, inference, decode + NMS and MQTT. The bare loop is measured before
-and after the daemon and averaged, so a machine that warms up or gets busier shows in both. With
-Ultralytics installed, its `predict` on the same frames is a third line.
+decode, letterbox, batching, inference, decode + NMS and MQTT. The two alternate for `--rounds`
+rounds (bare, daemon, bare, daemon, ..., bare), and each daemon run is compared with the mean of
+the bare runs just before and after it, so a machine whose speed drifts (a shared VM, thermal
+limits) shows in both sides of every ratio; the median ratio is the result. With Ultralytics
+installed, its `predict` on the same frames is a third line.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def add_parser(bsub) -> None:
     p.add_argument("--seconds", type=float, default=20, help="measured time of each run (default 20)")
     p.add_argument("--warmup", type=float, default=5)
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: its default)")
+    p.add_argument("--rounds", type=int, default=3, help="daemon runs, each between two bare runs (default 3)")
     p.set_defaults(func=main)
 
 
@@ -47,20 +50,27 @@ def main(args: argparse.Namespace) -> int:
         print(f"yoloedge bench e2e: needs the mosquitto MQTT broker ({INSTALL_HINT})", file=sys.stderr)
         return 2
     frame = _first_frame(clip)
-    bare1 = bare_loop(model, frame, args.seconds, args.threads)
-    with tempfile.TemporaryDirectory(prefix="yoloedge-e2e-") as tmp:
-        daemon_fps, cpu = daemon_run(model, clip, Path(tmp), binary, args.seconds, args.warmup, args.threads)
-    bare2 = bare_loop(model, frame, args.seconds, args.threads)
+    bares = [bare_loop(model, frame, args.seconds, args.threads)]
+    daemons: list[tuple[float, float]] = []
+    for _ in range(max(1, args.rounds)):
+        with tempfile.TemporaryDirectory(prefix="yoloedge-e2e-") as tmp:
+            daemons.append(daemon_run(model, clip, Path(tmp), binary, args.seconds, args.warmup, args.threads))
+        bares.append(bare_loop(model, frame, args.seconds, args.threads))
     ultra = ultralytics_loop(model, clip, args.seconds)
-    bare = statistics.mean([bare1, bare2])
+    ratios = [fps / statistics.mean(bares[i:i + 2]) for i, (fps, _) in enumerate(daemons)]
+    bare = statistics.median(bares)
+    daemon_fps = statistics.median(fps for fps, _ in daemons)
     import onnxruntime as ort
 
     print(f"yoloedge bench e2e: {os.path.basename(model)} on ONNX Runtime {ort.__version__} CPU "
-          f"({os.cpu_count()} cores, intra-op threads {args.threads or 'default'}), clip {os.path.basename(clip)}")
-    print(f"  {'':46}{'frames/s':>9}  {'vs bare':>7}")
-    print(f"  {'bare session.run loop (before / after)':46}{bare:9.2f}  {1:7.2f}x  ({bare1:.2f} / {bare2:.2f})")
-    print(f"  {'yoloedge daemon: decode -> ... -> MQTT':46}{daemon_fps:9.2f}  {daemon_fps / bare:7.2f}x  "
-          f"(daemon CPU {cpu:.0f}%)")
+          f"({os.cpu_count()} cores, intra-op threads {args.threads or 'default'}), clip {os.path.basename(clip)}, "
+          f"{len(daemons)} rounds of {args.seconds:g} s")
+    print(f"  {'':42}{'frames/s':>9}  {'vs bare':>7}")
+    print(f"  {'bare session.run loop (median)':42}{bare:9.2f}  {1:7.2f}x  runs: "
+          + " ".join(f"{b:.2f}" for b in bares))
+    print(f"  {'yoloedge daemon: decode -> ... -> MQTT':42}{daemon_fps:9.2f}  {statistics.median(ratios):7.2f}x  "
+          f"runs: " + " ".join(f"{fps:.2f} ({r:.2f}x)" for (fps, _), r in zip(daemons, ratios))
+          + f"; daemon CPU {statistics.median(c for _, c in daemons):.0f}%")
     if ultra is None:
         print(f"  {'Ultralytics predict':46}{'not installed':>9}")
     else:

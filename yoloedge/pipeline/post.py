@@ -21,6 +21,7 @@ import threading
 from typing import Callable
 
 from ..postprocess import Detections
+from ..threads import lower_priority
 from .slots import OutputSet, SlotMeta
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class PostStage:
 
     # -- the pool ----------------------------------------------------------------------------
     def _serve(self) -> None:
+        lower_priority()  # host work: the device worker comes first (see yoloedge.threads)
         while True:
             with self._lock:
                 while not self._heap and not self._stopping:

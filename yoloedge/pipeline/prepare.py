@@ -20,6 +20,7 @@ import threading
 from typing import Callable
 
 from ..preprocess import Letterboxer
+from ..threads import lower_priority
 from .batcher import Batcher
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class Preparer(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
+        lower_priority()  # host work: the device worker comes first (see yoloedge.threads)
         take, filled, letterbox = self.batcher.take, self.batcher.filled, self.letterbox
         stop = self._stop_event
         while not stop.is_set():

@@ -173,6 +173,8 @@ class Letterboxer:
         self._canvas_geometry: Geometry | None = None
         self._scale = np.float32(1.0 / 255.0 if style.normalize else 1.0)
         self.resizer = Resizer(height, width, style)
+        self._flat_planes = [p.reshape(-1) for p in self._planes]
+        self._pad_values: dict[np.dtype, np.ndarray] = {}
 
     def geometry(self, frame: np.ndarray) -> Geometry:
         return self.resizer.geometry(frame)
@@ -188,11 +190,38 @@ class Letterboxer:
 
     def place(self, resized: np.ndarray, geo: Geometry, slot: np.ndarray) -> Geometry:
         """The second half of the letterbox: a `Resizer` result into `slot`, padded, in the
-        model's colour order and scale. Bit for bit what `__call__` writes for the same frame."""
-        canvas = self._canvas_for(geo, slot)
-        canvas[geo.top:geo.top + geo.new_h, geo.left:geo.left + geo.new_w] = resized
-        self._to_slot(canvas, slot)
+        model's colour order and scale. Bit for bit what `__call__` writes for the same frame.
+
+        For the usual NCHW slot the picture's planes are scaled straight into their place in the
+        slot and only the padding is filled with a constant: no canvas copy, and no scaling of
+        padding that is the same every time."""
+        if self.nhwc or self.channels == 1:
+            canvas = self._canvas_for(geo, slot)
+            canvas[geo.top:geo.top + geo.new_h, geo.left:geo.left + geo.new_w] = resized
+            self._to_slot(canvas, slot)
+            return geo
+        planes = self._region_planes(geo.new_h, geo.new_w)
+        cv2.split(resized, planes)
+        pad = self._pad_value(slot.dtype)
+        order = (2, 1, 0) if self.style.rgb else (0, 1, 2)
+        for c, plane in enumerate(order):
+            out = slot[c]
+            _fill_padding(out, geo, pad)
+            _scale_into(planes[plane], self._scale, out[geo.top:geo.top + geo.new_h, geo.left:geo.left + geo.new_w])
         return geo
+
+    def _region_planes(self, height: int, width: int) -> list[np.ndarray]:
+        """Three uint8 planes of the picture's size, views of the full-size planes (no allocation)."""
+        return [p[:height * width].reshape(height, width) for p in self._flat_planes]
+
+    def _pad_value(self, dtype: np.dtype) -> np.ndarray:
+        """The scaled pad value, computed by the very conversion the picture goes through."""
+        value = self._pad_values.get(dtype)
+        if value is None:
+            one = np.empty((1, 1), dtype)
+            _scale_into(np.full((1, 1), PAD_VALUE, np.uint8), self._scale, one)
+            value = self._pad_values[dtype] = one[0, 0]
+        return value
 
     def _canvas_for(self, geo: Geometry, slot: np.ndarray) -> np.ndarray:
         if self.nhwc and self.channels == 3:
@@ -219,6 +248,16 @@ class Letterboxer:
         order = (2, 1, 0) if self.style.rgb else (0, 1, 2)
         for c, plane in enumerate(order):
             _scale_into(self._planes[plane], self._scale, slot[c])
+
+
+def _fill_padding(plane: np.ndarray, geo: Geometry, value: np.ndarray) -> None:
+    """Write `value` around the picture's region of one slot plane (rows above and below, then
+    the columns left and right of it)."""
+    bottom, right = geo.top + geo.new_h, geo.left + geo.new_w
+    plane[:geo.top] = value
+    plane[bottom:] = value
+    plane[geo.top:bottom, :geo.left] = value
+    plane[geo.top:bottom, right:] = value
 
 
 def _scale_into(plane: np.ndarray, scale: np.float32, out: np.ndarray) -> None:

@@ -36,6 +36,7 @@ import numpy as np
 from ..config.schema import CameraConfig
 from ..metrics import RateMeter
 from ..redact import redact_url
+from ..threads import lower_priority
 from .capture import Source, SourceError, SourceKind, UnsupportedSourceError, open_source
 from .frame import Frame, FrameSink, SinkClosed
 from .state import CameraState
@@ -488,6 +489,7 @@ class CameraReader:
 
     # -- connection thread -----------------------------------------------------------------------
     def _connection_main(self, conn: Connection) -> None:
+        lower_priority()  # decoding is host work: the device worker comes first (see yoloedge.threads)
         source: Source | None = None
         try:
             source = open_source(self._config.url, loop=self._config.loop,
