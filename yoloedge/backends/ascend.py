@@ -139,13 +139,13 @@ class AscendBackend(Backend):
                 return self._spec
             check_open_request(max_batch, input_sets, output_sets)
             try:
-                self._open(max_batch, input_sets, output_sets)
+                spec = self._open(max_batch, input_sets, output_sets)
             except BaseException:
                 self._abandon_open()
                 raise
             self._process.settle(self)
-            self._warn_about_imgsz(input_hw)
-            return self._spec
+            self._warn_about_imgsz(spec, input_hw)
+            return spec
 
     def _abandon_open(self) -> None:
         """Release what a failed `open` took; the open's own error is the one raised."""
@@ -155,10 +155,10 @@ class AscendBackend(Backend):
             self._process.settle(self)
         except Exception as exc:  # noqa: BLE001 - logged below; the open's error takes precedence
             errors.append(exc)
-        for exc in errors:
-            log.error("while releasing after a failed open of %s: %s", self.model_path, exc)
+        for err in errors:
+            log.error("while releasing after a failed open of %s: %s", self.model_path, err)
 
-    def _open(self, max_batch: int, input_sets: int, output_sets: int) -> None:
+    def _open(self, max_batch: int, input_sets: int, output_sets: int) -> ModelSpec:
         if not os.path.isfile(self.model_path):
             raise ModelError(f"model file not found: {self.model_path}")
         self._process.acquire()
@@ -168,10 +168,11 @@ class AscendBackend(Backend):
         self._describe(max_batch)
         self._allocate(input_sets, output_sets)
         self._build_datasets()
-        self._spec = self._model_spec()
+        spec = self._spec = self._model_spec()
         log.info("loaded %s on %s: input %s %s%s, outputs %s", self.model_path, self.description,
-                 self._input.name, list(self._spec.input.shape), " (AIPP)" if self.aipp else "",
-                 ", ".join(f"{o.name} {list(o.shape)}" for o in self._spec.outputs))
+                 spec.input.name, list(spec.input.shape), " (AIPP)" if self.aipp else "",
+                 ", ".join(f"{o.name} {list(o.shape)}" for o in spec.outputs))
+        return spec
 
     def _push(self, what: str, undo: Callable[[], None]) -> None:
         self._undo.append((what, undo))
@@ -278,6 +279,7 @@ class AscendBackend(Backend):
         if size % self._model_batch:
             raise ModelError(f"{self.model_path}: input size {size} is not a multiple of the batch {self._model_batch}")
         item_bytes = size // self._model_batch
+        shape: tuple[int, ...]
         if self.aipp:
             dtype, shape = np.dtype(np.uint8), self._aipp_shape(dims, index, item_bytes)
         else:
@@ -348,7 +350,8 @@ class AscendBackend(Backend):
     def _allocate(self, input_sets: int, output_sets: int) -> None:
         """Device buffers as the description sizes them; pinned host buffers for `capacity`
         frames, one per input set (the image input) and per output set (every output)."""
-        for tensor, sets in ((self._input, input_sets), *((o, output_sets) for o in self._outputs)):
+        inp = self._image
+        for tensor, sets in ((inp, input_sets), *((o, output_sets) for o in self._outputs)):
             tensor.device_ptr = self._malloc(tensor.device_bytes)
             host_bytes = self._capacity * tensor.item_bytes
             for _ in range(sets):
@@ -358,12 +361,12 @@ class AscendBackend(Backend):
                     self._capacity, *tensor.item_shape))
         if self._mbatch is not None:
             self._mbatch.device_ptr = self._malloc(self._mbatch.device_bytes)
-        if any(h.staged for t in (self._input, *self._outputs) for h in t.hosts):
+        if any(h.staged for t in (inp, *self._outputs) for h in t.hosts):
             log.warning("%s: pyACL gives no shared numpy view of pinned memory here; every run copies "
                         "through bytes (slower)", self.model_path)
-        for array in self._input.arrays:
+        for array in inp.arrays:
             array[...] = 0
-        self._copy_input(self._capacity, 0)  # padding slots of a gear start as zeros, not garbage
+        self._copy_input(inp, self._capacity, 0)  # padding slots of a gear start as zeros, not garbage
 
     def _malloc(self, nbytes: int) -> int:
         ptr = checked(acl.rt.malloc(int(nbytes), rt.ACL_MEM_MALLOC_HUGE_FIRST), "acl.rt.malloc", f"{nbytes} bytes")
@@ -400,7 +403,7 @@ class AscendBackend(Backend):
         return dataset
 
     def _model_spec(self) -> ModelSpec:
-        inp = self._input
+        inp = self._image
         batch = DYNAMIC if self._gears else self._model_batch
         h, w = (inp.item_shape[0], inp.item_shape[1]) if self.aipp else (inp.item_shape[1], inp.item_shape[2])
         return ModelSpec(
@@ -409,17 +412,25 @@ class AscendBackend(Backend):
             tuple(TensorSpec(o.name, (batch, *o.item_shape), o.dtype) for o in self._outputs),
             ModelMetadata(imgsz=(h, w)))
 
-    def _warn_about_imgsz(self, input_hw: tuple[int, int] | None) -> None:
-        if input_hw and tuple(input_hw) != self._spec.metadata.imgsz:
+    def _warn_about_imgsz(self, spec: ModelSpec, input_hw: tuple[int, int] | None) -> None:
+        imgsz = spec.metadata.imgsz  # always set by _model_spec
+        if input_hw and imgsz is not None and tuple(input_hw) != imgsz:
             log.warning("%s: model.imgsz %s ignored: the .om takes %s (fixed at conversion)",
-                        self.model_path, list(input_hw), list(self._spec.metadata.imgsz))
+                        self.model_path, list(input_hw), list(imgsz))
 
     # -- running -------------------------------------------------------------------------------
+    @property
+    def _image(self) -> Tensor:
+        """The image input: set by `_describe` during `open`, cleared by `close`."""
+        if self._input is None:
+            raise BackendError("backend is not open")
+        return self._input
+
     @property
     def input_buffers(self) -> list[np.ndarray]:
         if self._spec is None:
             raise BackendError("backend is not open")
-        return self._input.arrays
+        return self._image.arrays
 
     @property
     def max_batch(self) -> int:
@@ -439,16 +450,17 @@ class AscendBackend(Backend):
 
     def run(self, n: int, input_set: int = 0, output_set: int = 0) -> list[np.ndarray]:
         with self._lock:
-            if self._spec is None:
+            inp = self._input
+            if self._spec is None or inp is None:
                 raise BackendError("backend is not open")
             if not 1 <= n <= self._capacity:
                 raise BackendError(f"batch of {n} outside 1..{self._capacity}")
-            if not 0 <= input_set < len(self._input.hosts):
-                raise BackendError(f"input set {input_set} outside 0..{len(self._input.hosts) - 1}")
+            if not 0 <= input_set < len(inp.hosts):
+                raise BackendError(f"input set {input_set} outside 0..{len(inp.hosts) - 1}")
             if not 0 <= output_set < len(self._outputs[0].hosts):
                 raise BackendError(f"output set {output_set} outside 0..{len(self._outputs[0].hosts) - 1}")
             check(acl.rt.set_context(self._context), "acl.rt.set_context")
-            self._copy_input(n, input_set)
+            self._copy_input(inp, n, input_set)
             if self._mbatch is not None:
                 gear = self._gear_for[n]
                 check(acl.mdl.set_dynamic_batch_size(self._model_id, self._input_dataset, self._mbatch.index, gear),
@@ -458,8 +470,7 @@ class AscendBackend(Backend):
                 self._copy_output(out, n, output_set)
             return [out.arrays[output_set][:n] for out in self._outputs]
 
-    def _copy_input(self, n: int, input_set: int) -> None:
-        inp = self._input
+    def _copy_input(self, inp: Tensor, n: int, input_set: int) -> None:
         host = inp.hosts[input_set]
         count = n * inp.item_bytes
         src, keep_alive = host.source(count)
@@ -489,7 +500,7 @@ class AscendBackend(Backend):
             if not self._undo:
                 self._process.settle(self)  # closed without (successfully) opening
                 return
-            errors = []
+            errors: list[Exception] = []
             if self._context:
                 ret = acl.rt.set_context(self._context)  # teardown may run on another thread
                 if ret != rt.ACL_SUCCESS:

@@ -67,7 +67,7 @@ class OnnxRuntimeBackend(Backend):
     # -- loading -------------------------------------------------------------------------------
     def open(self, max_batch: int = 1, input_hw: tuple[int, int] | None = None, *,
              input_sets: int = 1, output_sets: int = 1) -> ModelSpec:
-        if self._session is not None:
+        if self._session is not None and self._spec is not None:
             return self._spec
         check_open_request(max_batch, input_sets, output_sets)
         session = self._create_session()
@@ -174,44 +174,47 @@ class OnnxRuntimeBackend(Backend):
         return f"onnxruntime {ort.__version__} {self.active_provider}"
 
     def run(self, n: int, input_set: int = 0, output_set: int = 0) -> list[np.ndarray]:
-        if self._session is None:
+        session, spec = self._session, self._spec
+        if session is None or spec is None:
             raise BackendError("backend is not open")
         if not 1 <= n <= self.max_batch:
             raise BackendError(f"batch of {n} outside 1..{self.max_batch}")
         if not 0 <= input_set < len(self._inputs):
             raise BackendError(f"input set {input_set} outside 0..{len(self._inputs) - 1}")
         if not self._output_sets:
-            return self._run_unbound(n, self._inputs[input_set])
+            return self._run_unbound(session, spec, n, self._inputs[input_set])
         if not 0 <= output_set < len(self._output_sets):
             raise BackendError(f"output set {output_set} outside 0..{len(self._output_sets) - 1}")
         if self._dynamic_batch:
-            self._session.run_with_iobinding(self._binding(input_set, output_set, 0, n))
+            session.run_with_iobinding(self._binding(session, spec, input_set, output_set, 0, n))
         else:
             for start in range(0, n, self._chunk):
-                self._session.run_with_iobinding(self._binding(input_set, output_set, start, self._chunk))
+                session.run_with_iobinding(self._binding(session, spec, input_set, output_set, start, self._chunk))
         return [o[:n] for o in self._output_sets[output_set]]
 
-    def _binding(self, input_set: int, output_set: int, start: int, count: int) -> ort.IOBinding:
+    def _binding(self, session: ort.InferenceSession, spec: ModelSpec, input_set: int, output_set: int,
+                 start: int, count: int) -> ort.IOBinding:
         """IOBinding of slots [start, start+count) of one input and one output set, built once."""
         key = (input_set, output_set, start, count)
         binding = self._bindings.get(key)
         if binding is None:
-            binding = self._session.io_binding()
-            spec = self._spec.input
+            binding = session.io_binding()
+            i_spec = spec.input
             view = self._inputs[input_set][start:start + count]
-            binding.bind_input(spec.name, "cpu", 0, spec.dtype.type, list(view.shape), view.ctypes.data)
-            for o_spec, buf in zip(self._spec.outputs, self._output_sets[output_set]):
+            binding.bind_input(i_spec.name, "cpu", 0, i_spec.dtype.type, list(view.shape), view.ctypes.data)
+            for o_spec, buf in zip(spec.outputs, self._output_sets[output_set]):
                 out = buf[start:start + count]
                 binding.bind_output(o_spec.name, "cpu", 0, o_spec.dtype.type, list(out.shape), out.ctypes.data)
             self._bindings[key] = binding
         return binding
 
-    def _run_unbound(self, n: int, inputs: np.ndarray) -> list[np.ndarray]:
+    def _run_unbound(self, session: ort.InferenceSession, spec: ModelSpec, n: int,
+                     inputs: np.ndarray) -> list[np.ndarray]:
         """Models with dynamic output shapes (or io_binding: false): ONNX Runtime allocates."""
-        name = self._spec.input.name
+        name = spec.input.name
         if self._dynamic_batch:
-            return self._session.run(None, {name: inputs[:n]})
-        parts = [self._session.run(None, {name: inputs[s:s + self._chunk]})
+            return session.run(None, {name: inputs[:n]})
+        parts = [session.run(None, {name: inputs[s:s + self._chunk]})
                  for s in range(0, n, self._chunk)]
         return [np.concatenate([p[i] for p in parts])[:n] for i in range(len(parts[0]))]
 

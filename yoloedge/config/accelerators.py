@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from .ascend import read_ascend_section
-from .fields import (INVALID, Boolean, Choice, Context, Integer, Number, Text, did_you_mean, mapping_or_report,
+from .fields import (INVALID, Boolean, Choice, Context, Integer, Number, Reader, Text, did_you_mean, mapping_or_report,
                      plain, read_present, report_duplicate_names, report_unknown_keys, sequence_or_report)
 from .model import PROVIDERS, OnnxRuntimeConfig
 from .schema import BACKENDS, AcceleratorConfig
@@ -60,7 +60,7 @@ def read_provider_options(ctx: Context, item: Item) -> Any:
 
 
 #: keys every accelerator may have (`backend` is read first: it decides which others apply).
-COMMON_FIELDS = {
+COMMON_FIELDS: dict[str, Reader] = {
     "name": Text(topic_safe=True),
     "devices": read_devices,
     "batch": Integer(ge=1, example=4),
@@ -71,7 +71,7 @@ COMMON_FIELDS = {
     "preprocess_threads": Integer(ge=0, le=64, example=2),
     "post_threads": Integer(ge=0, le=64, example=2),
 }
-ONNXRUNTIME_FIELDS = {
+ONNXRUNTIME_FIELDS: dict[str, Reader] = {
     "provider": Choice(tuple(PROVIDERS)),
     "provider_options": read_provider_options,
     "allow_fallback": Boolean(),

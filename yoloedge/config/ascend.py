@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .fields import INVALID, Boolean, Choice, Context, Text, mapping_or_report, read_fields
+from .fields import INVALID, Boolean, Choice, Context, Reader, Text, mapping_or_report, read_fields
 from .yamltree import Item
 
 EXECUTE_MODES = ("sync", "async")
@@ -50,7 +50,7 @@ def read_source_onnx(ctx: Context, item: Item) -> Any:
     return ctx.resolve_path(text)
 
 
-ASCEND_FIELDS = {
+ASCEND_FIELDS: dict[str, Reader] = {
     "execute": Choice(EXECUTE_MODES),
     "source_onnx": read_source_onnx,
     "telemetry": Boolean(),

@@ -13,8 +13,8 @@ import dataclasses
 from typing import Any
 from urllib.parse import urlsplit
 
-from .fields import (INVALID, Boolean, Context, Integer, Number, Text, did_you_mean, range_order_ok, read_fields,
-                     read_string_list, report_duplicate_names, sequence_or_report)
+from .fields import (INVALID, Boolean, Context, Integer, Number, Reader, Text, did_you_mean, range_order_ok,
+                     read_fields, read_string_list, report_duplicate_names, sequence_or_report)
 from .schema import AcceleratorConfig, CameraConfig
 from .yamltree import Item
 
@@ -78,8 +78,9 @@ def _synthetic_url(ctx: Context, item: Item, url: str) -> Any:
         return ctx.bad_value(item, str(exc), SYNTHETIC_HINT)
     if spec.image is None:
         return spec.url
-    spec = dataclasses.replace(spec, image=ctx.resolve_path(spec.image))
-    problem = synthetic_image_problem(spec.image)
+    image = ctx.resolve_path(spec.image)
+    spec = dataclasses.replace(spec, image=image)
+    problem = synthetic_image_problem(image)
     if problem is not None:
         return ctx.problem(item, f"synthetic camera: {problem}")
     return spec.url
@@ -92,7 +93,7 @@ def read_camera_classes(ctx: Context, item: Item) -> Any:
     return INVALID if names is INVALID else tuple(names)
 
 
-CAMERA_FIELDS = {
+CAMERA_FIELDS: dict[str, Reader] = {
     "name": Text(topic_safe=True),
     "url": read_camera_url,
     "enabled": Boolean(),

@@ -95,7 +95,9 @@ class _TreeBuilder:
             if isinstance(node, yaml.SequenceNode):
                 return Item([self.build(child, f"{path}[{i}]", child.start_mark)
                              for i, child in enumerate(node.value)], path, line, column)
-            return self._scalar(node, path, line, column)
+            if isinstance(node, yaml.ScalarNode):
+                return self._scalar(node, path, line, column)
+            raise TypeError(f"{path}: unexpected YAML node {type(node).__name__}")  # PyYAML has no other kind
         finally:
             self._open.discard(id(node))
 

@@ -68,11 +68,15 @@ class AippSettings:
 
     @property
     def min_chn(self) -> tuple[float, float, float]:
-        return tuple(m * self.scale for m in self.mean)
+        scale = self.scale
+        r, g, b = self.mean
+        return r * scale, g * scale, b * scale
 
     @property
     def var_reci_chn(self) -> tuple[float, float, float]:
-        return tuple(1.0 / (s * self.scale) for s in self.std)
+        scale = self.scale
+        r, g, b = self.std
+        return 1.0 / (r * scale), 1.0 / (g * scale), 1.0 / (b * scale)
 
 
 def number(value: float) -> str:

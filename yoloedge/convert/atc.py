@@ -144,8 +144,8 @@ def build_atc(model: SourceModel, opts: AtcOptions) -> AtcPlan:
             raise ConvertError(f"AIPP with RGB888_U8 needs a 3-channel input; {model.path} has {channels}: "
                                "use --no-aipp")
         aipp_path = base + ".aipp.cfg"
-        aipp_text = aipp_config(AippSettings(w, h, opts.frame_color, opts.model_color, tuple(opts.mean),
-                                             tuple(opts.std), opts.normalize), os.path.basename(model.path))
+        aipp_text = aipp_config(AippSettings(w, h, opts.frame_color, opts.model_color, opts.mean, opts.std,
+                                             opts.normalize), os.path.basename(model.path))
         argv.append(f"--insert_op_conf={aipp_path}")
     argv += [f"--output_type={opts.output_type}", "--log=error"]
     return AtcPlan(argv=argv, om_path=base + ".om", script_path=base + ".atc.sh", input_shape=input_shape,

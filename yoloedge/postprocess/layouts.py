@@ -70,7 +70,7 @@ def detect_layout(
     metadata: ModelMetadata,
     num_classes: int | None = None,
     format: str | None = None,
-    anchors: Sequence[Sequence[Sequence[float]]] | None = None,
+    anchors: Sequence[Sequence[float] | Sequence[Sequence[float]]] | None = None,
 ) -> Layout:
     """Work out the layout; `format` forces one and is checked against the shapes.
 
@@ -172,7 +172,7 @@ def _raw_layout(maps, input_hw, num_classes, format, anchors) -> Layout:
             na, gh, gw, no = shape
             specs.append((gh, gw, na * no, "ahwc", _stride_of(h, gh, maps)))
         elif len(shape) == 3:
-            stride = _stride_of(h, shape[1], None)
+            stride = _fitting_stride(h, shape[1])
             if stride and shape[2] == math.ceil(w / stride):  # [C, H, W]: both H and W fit the stride
                 specs.append((shape[1], shape[2], shape[0], "chw", _stride_of(h, shape[1], maps)))
             else:  # [H, W, C]
@@ -208,14 +208,21 @@ def _raw_layout(maps, input_hw, num_classes, format, anchors) -> Layout:
                   anchors=anchor_sets, map_order=map_order)
 
 
-def _stride_of(h: int, grid: int, maps) -> int | None:
+def _fitting_stride(h: int, grid: int) -> int | None:
+    """The stride (8/16/32/64) that turns input height `h` into `grid` rows; None if none does."""
     for s in (8, 16, 32, 64):
         if grid > 0 and math.ceil(h / s) == grid:
             return s
-    if maps is not None:
+    return None
+
+
+def _stride_of(h: int, grid: int, maps) -> int:
+    """As `_fitting_stride`, but a grid no stride fits is an error about these `maps`."""
+    stride = _fitting_stride(h, grid)
+    if stride is None:
         raise LayoutError(f"raw head grid {grid} is not the input height {h} over stride 8/16/32/64: "
                           f"{describe(maps)}")
-    return None
+    return stride
 
 
 def _anchors_for(levels: int, anchors) -> tuple:

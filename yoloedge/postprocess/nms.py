@@ -41,7 +41,10 @@ def _nms_opencv(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> 
         # OpenCV scores two empty boxes as a full overlap (IoU 1), wherever they are; the rule
         # here (and torchvision's) is that they do not overlap at all.
         return nms_numpy(boxes, scores, iou_threshold)
-    keep = cv2.dnn.NMSBoxes(xywh, scores.astype(np.float32, copy=False), 0.0, float(iou_threshold))
+    # OpenCV takes the arrays as they are; its stubs list only nested sequences (converting to
+    # lists would add a copy per frame on the hot path).
+    keep = cv2.dnn.NMSBoxes(xywh, scores.astype(np.float32, copy=False), 0.0,  # type: ignore[arg-type]
+                            float(iou_threshold))
     return np.asarray(keep, np.intp).reshape(-1)
 
 

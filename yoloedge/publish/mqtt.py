@@ -110,7 +110,7 @@ def _check_topic(topic: str) -> None:
 @dataclass(frozen=True)
 class _Outgoing:
     topic: str
-    payload: bytes
+    payload: bytes | bytearray  # paho hands unacknowledged messages back as it stored them
     qos: int
     retain: bool
 
