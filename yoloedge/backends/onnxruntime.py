@@ -119,13 +119,7 @@ class OnnxRuntimeBackend(Backend):
             options.update({k: str(v) for k, v in cfg.provider_options.items()})
             providers.append((wanted, options))
         providers.append("CPUExecutionProvider")
-        opts = ort.SessionOptions()
-        if cfg.intra_op_threads:
-            opts.intra_op_num_threads = cfg.intra_op_threads
-        opts.log_severity_level = 3
-        opts.graph_optimization_level = GRAPH_OPTIMIZATION[cfg.graph_optimization]
-        if not cfg.qdq_fusion:
-            opts.add_session_config_entry("session.disable_quant_qdq", "1")
+        opts = session_options(cfg)
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -223,6 +217,18 @@ class OnnxRuntimeBackend(Backend):
         self._session = None
         self._output_sets = []
         self._inputs = []
+
+
+def session_options(cfg: OnnxRuntimeConfig) -> ort.SessionOptions:
+    """The session options the backend runs `cfg` with (the fake pyACL in the tests uses them too)."""
+    opts = ort.SessionOptions()
+    if cfg.intra_op_threads:
+        opts.intra_op_num_threads = cfg.intra_op_threads
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = GRAPH_OPTIMIZATION[cfg.graph_optimization]
+    if not cfg.qdq_fusion:
+        opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    return opts
 
 
 def _dynamically_quantised(path: str) -> bool:

@@ -25,15 +25,18 @@ _SESSIONS_LOCK = threading.Lock()
 
 # -- loading: <model>.om + <model>.om.fake.json --------------------------------------------------
 def _session(path: str):
-    """One ONNX Runtime session per ONNX file for the whole test process (loading is the slow part);
-    the options are those of yoloedge's ONNX Runtime backend, so both compute the same numbers."""
+    """One ONNX Runtime session per ONNX file for the whole test process (loading is the slow part).
+    The options are the ones yoloedge's ONNX Runtime backend builds for its default config (asked
+    of the backend, not copied, so they follow its `qdq_fusion` default: fused, ONNX Runtime's own),
+    and a test comparing the fake NPU with a default `OnnxRuntimeBackend` compares the same numbers."""
     import onnxruntime as ort
+
+    from yoloedge.backends.onnxruntime import session_options
+    from yoloedge.config.model import OnnxRuntimeConfig
 
     with _SESSIONS_LOCK:
         if path not in _SESSIONS:
-            opts = ort.SessionOptions()
-            opts.log_severity_level = 3
-            opts.add_session_config_entry("session.disable_quant_qdq", "1")
+            opts = session_options(OnnxRuntimeConfig())
             _SESSIONS[path] = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
         return _SESSIONS[path]
 
