@@ -411,3 +411,30 @@ def test_setup_logging_rejects_bad_values(root_logger):
         setup_logging(LoggingConfig(level="loud"), {})
     with pytest.raises(ValueError, match="logging.target"):
         setup_logging(LoggingConfig(target="syslog"), {})
+
+
+def test_a_problem_marks_only_its_own_worker_unhealthy_in_status(tmp_path):
+    """Problems carry the worker they belong to. Matching by name prefix made a problem of
+    `cpu/10` mark `cpu/1` unhealthy too; here two real workers (devices 1 and 10) run the demo
+    model, one is marked broken, and status must blame exactly that one."""
+    from yoloedge import demo
+    from yoloedge.config import AcceleratorConfig, ModelConfig
+    from yoloedge.config.schema import Config, ControlConfig
+    from yoloedge.daemon import Daemon
+
+    config = Config(device_id="t", model=ModelConfig(path=str(demo.MODEL)),
+                    accelerators=(AcceleratorConfig(name="cpu", devices=(1, 10)),),
+                    control=ControlConfig(socket=str(tmp_path / "c.sock")))
+    daemon = Daemon(config, str(tmp_path / "unused.yaml"), {})
+    assert daemon._start_accelerators(config)
+    try:
+        daemon.tracker.mark_unhealthy("cpu/10", "device lost")
+        workers = {a["name"]: a for a in daemon.status()["accelerators"]}
+        assert workers["cpu/10"]["healthy"] is False
+        assert workers["cpu/1"]["healthy"] is True
+        assert daemon.status()["daemon"]["problems"] == ["cpu/10: device lost"]
+    finally:
+        for group in daemon.groups.values():
+            group.stop_preparers(5)
+            group.stop_workers(5)
+            group.stop_post(5)

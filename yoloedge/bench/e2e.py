@@ -3,17 +3,24 @@
 Same model, same ONNX Runtime settings, same machine, one run: the bare loop runs the session on
 one letterboxed frame of the clip as fast as it can (the most the runtime gives); the daemon reads
 the clip losslessly (`realtime: false`, looping) and publishes every frame to a private mosquitto:
-decode, letterbox, batching, inference, decode + NMS and MQTT. The two alternate for `--rounds`
-rounds (bare, daemon, bare, daemon, ..., bare), and each daemon run is compared with the mean of
-the bare runs just before and after it, so a machine whose speed drifts (a shared VM, thermal
-limits) shows in both sides of every ratio; the median ratio is the result. With Ultralytics
-installed, its `predict` on the same frames is a third line.
+decode, letterbox, batching, inference, decode + NMS and MQTT.
+
+The two alternate in short windows: the daemon is started once and frozen (SIGSTOP) while the bare
+loop runs, then thawed and, after a settling second, measured; `--rounds` times, starting and
+ending with a bare window. Each daemon window is compared with the mean of the bare windows just
+before and after it, and the median of those ratios is the result: a shared VM's speed drifts (this
+project's 2-core build machine switches between two speeds, one half the other, from one minute to
+the next), and only windows close in time see the same machine. A daemon window whose two bare
+neighbours differ by more than `STEADY` saw the machine change speed and is left out of the
+median (it is still printed). With Ultralytics installed, its `predict` on the same frames is a
+third line.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -23,8 +30,8 @@ from pathlib import Path
 import cv2
 
 from ..localbroker import HOST, INSTALL_HINT, find_mosquitto, free_port, start_broker
-from .host import cpu_percent, sample_process
-from .pipeline import DEVICE_ID, Daemon, Subscriber
+from .host import sample_process
+from .pipeline import DEVICE_ID, SETTLE_S, STEADY, Daemon, Subscriber, steady_ratios
 
 
 def add_parser(bsub) -> None:
@@ -32,10 +39,10 @@ def add_parser(bsub) -> None:
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="ONNX model")
     p.add_argument("--clip", required=True, help="video the daemon's camera reads (losslessly, looping)")
-    p.add_argument("--seconds", type=float, default=20, help="measured time of each run (default 20)")
+    p.add_argument("--seconds", type=float, default=6, help="length of each window (default 6)")
+    p.add_argument("--rounds", type=int, default=8, help="daemon windows, each between two bare ones (default 8)")
     p.add_argument("--warmup", type=float, default=5)
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: its default)")
-    p.add_argument("--rounds", type=int, default=3, help="daemon runs, each between two bare runs (default 3)")
     p.set_defaults(func=main)
 
 
@@ -49,32 +56,29 @@ def main(args: argparse.Namespace) -> int:
     if binary is None:
         print(f"yoloedge bench e2e: needs the mosquitto MQTT broker ({INSTALL_HINT})", file=sys.stderr)
         return 2
-    frame = _first_frame(clip)
-    bares = [bare_loop(model, frame, args.seconds, args.threads)]
-    daemons: list[tuple[float, float]] = []
-    for _ in range(max(1, args.rounds)):
-        with tempfile.TemporaryDirectory(prefix="yoloedge-e2e-") as tmp:
-            daemons.append(daemon_run(model, clip, Path(tmp), binary, args.seconds, args.warmup, args.threads))
-        bares.append(bare_loop(model, frame, args.seconds, args.threads))
+    bare = BareLoop(model, _first_frame(clip), args.threads)
+    with tempfile.TemporaryDirectory(prefix="yoloedge-e2e-") as tmp:
+        bares, daemons, cpu = alternate(bare, model, clip, Path(tmp), binary, args)
     ultra = ultralytics_loop(model, clip, args.seconds)
-    ratios = [fps / statistics.mean(bares[i:i + 2]) for i, (fps, _) in enumerate(daemons)]
-    bare = statistics.median(bares)
-    daemon_fps = statistics.median(fps for fps, _ in daemons)
+    ratios = [fps / statistics.mean(bares[i:i + 2]) for i, fps in enumerate(daemons)]
+    steady = steady_ratios(daemons, bares)
     import onnxruntime as ort
 
     print(f"yoloedge bench e2e: {os.path.basename(model)} on ONNX Runtime {ort.__version__} CPU "
           f"({os.cpu_count()} cores, intra-op threads {args.threads or 'default'}), clip {os.path.basename(clip)}, "
-          f"{len(daemons)} rounds of {args.seconds:g} s")
+          f"{len(daemons)} daemon windows of {args.seconds:g} s between bare ones")
     print(f"  {'':42}{'frames/s':>9}  {'vs bare':>7}")
-    print(f"  {'bare session.run loop (median)':42}{bare:9.2f}  {1:7.2f}x  runs: "
+    print(f"  {'bare session.run loop (median)':42}{statistics.median(bares):9.2f}  {1:7.2f}x  windows: "
           + " ".join(f"{b:.2f}" for b in bares))
-    print(f"  {'yoloedge daemon: decode -> ... -> MQTT':42}{daemon_fps:9.2f}  {statistics.median(ratios):7.2f}x  "
-          f"runs: " + " ".join(f"{fps:.2f} ({r:.2f}x)" for (fps, _), r in zip(daemons, ratios))
-          + f"; daemon CPU {statistics.median(c for _, c in daemons):.0f}%")
+    result = f"{statistics.median(steady):7.2f}x" if steady else "    n/a"
+    print(f"  {'yoloedge daemon: decode -> ... -> MQTT':42}{statistics.median(daemons):9.2f}  {result}  windows: "
+          + " ".join(f"{fps:.2f} ({r:.2f}x)" for fps, r in zip(daemons, ratios)) + f"; daemon CPU {cpu:.0f}%")
+    print(f"  the ratio is the median over the {len(steady)} of {len(daemons)} daemon windows whose bare "
+          f"neighbours agree within {100 * STEADY:.0f}%")
     if ultra is None:
-        print(f"  {'Ultralytics predict':46}{'not installed':>9}")
+        print(f"  {'Ultralytics predict':42}{'not installed':>9}")
     else:
-        print(f"  {'Ultralytics predict (same clip)':46}{ultra:9.2f}  {ultra / bare:7.2f}x")
+        print(f"  {'Ultralytics predict (same clip)':42}{ultra:9.2f}  {ultra / statistics.median(bares):7.2f}x")
     return 0
 
 
@@ -87,59 +91,83 @@ def _first_frame(clip: str):
     return frame
 
 
-def bare_loop(model: str, frame, seconds: float, threads: int) -> float:
+class BareLoop:
     """session.run on one letterboxed frame, back to back, with ONNX Runtime's default options."""
-    import onnxruntime as ort
 
-    from ..config import ModelConfig
-    from ..detector import open_detector
+    def __init__(self, model: str, frame, threads: int):
+        import onnxruntime as ort
 
-    det = open_detector(ModelConfig(path=model), warm_up=False)
-    det.preprocess([frame])
-    feed = {det.spec.input.name: det.backend.input_buffer[:1].copy()}
-    det.close()
-    opts = ort.SessionOptions()
-    if threads:
-        opts.intra_op_num_threads = threads
-    session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
-    for _ in range(3):
-        session.run(None, feed)
-    runs, started = 0, time.monotonic()
-    while time.monotonic() - started < seconds:
-        session.run(None, feed)
-        runs += 1
-    return runs / (time.monotonic() - started)
+        from ..config import ModelConfig
+        from ..detector import open_detector
+
+        det = open_detector(ModelConfig(path=model), warm_up=False)
+        det.preprocess([frame])
+        self.feed = {det.spec.input.name: det.backend.input_buffer[:1].copy()}
+        det.close()
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        for _ in range(3):
+            self.session.run(None, self.feed)
+
+    def fps(self, seconds: float) -> float:
+        runs, started = 0, time.monotonic()
+        while time.monotonic() - started < seconds:
+            self.session.run(None, self.feed)
+            runs += 1
+        return runs / (time.monotonic() - started)
 
 
-def daemon_run(model: str, clip: str, workdir: Path, binary: str, seconds: float, warmup: float,
-               threads: int) -> tuple[float, float]:
+def alternate(bare: BareLoop, model: str, clip: str, workdir: Path, binary: str,
+              args: argparse.Namespace) -> tuple[list[float], list[float], float]:
+    """bare, daemon, bare, daemon, ..., bare: frames/s of each window, and the daemon's CPU %."""
     port = free_port()
     broker = start_broker(binary, workdir, port)
-    accelerator = {"name": "cpu", "backend": "onnxruntime", "batch": 1, "intra_op_threads": threads}
+    accelerator = {"name": "cpu", "backend": "onnxruntime", "batch": 1, "intra_op_threads": args.threads}
     cfg = {
         "device_id": DEVICE_ID,
         "model": {"path": model},
         "accelerators": [accelerator],
         "cameras": [{"name": "clip", "url": clip, "realtime": False, "loop": True}],
         "mqtt": {"host": HOST, "port": port, "stats_interval_s": 3600},
+        "health": {"stall_timeout_s": 120},  # frozen during the bare windows: not a stall
         "control": {"socket": str(workdir / "control.sock")},
         "logging": {"level": "warning", "target": "stderr"},
         "shutdown_timeout_s": 10,
     }
     counter = Subscriber(port)
+    bares: list[float] = []
+    daemons: list[float] = []
+    cpu_s = wall_s = 0.0
     try:
         with Daemon(workdir, cfg) as daemon:
-            time.sleep(warmup)
-            first = sample_process(daemon.pid)
-            counter.open_window()
-            time.sleep(seconds)
-            counter.close_window()
-            last = sample_process(daemon.pid)
+            time.sleep(args.warmup)
+            for _ in range(max(1, args.rounds)):
+                bares.append(_frozen(daemon, bare, args.seconds))
+                time.sleep(SETTLE_S)
+                first, before = sample_process(daemon.pid), counter.total
+                counter.open_window()
+                time.sleep(args.seconds)
+                window = counter.close_window()
+                last = sample_process(daemon.pid)
+                daemons.append((counter.total - before) / window)
+                cpu_s, wall_s = cpu_s + last.cpu_s - first.cpu_s, wall_s + last.at - first.at
+            bares.append(_frozen(daemon, bare, args.seconds))
     finally:
         counter.stop()
         broker.terminate()
         broker.wait(10)
-    return sum(counter.per_camera.values()) / counter.window_s, cpu_percent(first, last)
+    return bares, daemons, 100 * cpu_s / wall_s if wall_s else 0.0
+
+
+def _frozen(daemon: Daemon, bare: BareLoop, seconds: float) -> float:
+    """The bare loop's frames/s while the daemon is stopped (SIGSTOP), so it has the machine."""
+    os.kill(daemon.pid, signal.SIGSTOP)
+    try:
+        return bare.fps(seconds)
+    finally:
+        os.kill(daemon.pid, signal.SIGCONT)
 
 
 def ultralytics_loop(model: str, clip: str, seconds: float) -> float | None:

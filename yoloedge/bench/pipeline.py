@@ -9,7 +9,15 @@ with plain OpenCV threads.
 
 Cameras are synthetic (one pre-decoded frame at a set fps: decoding excluded) or, with `--clip`,
 file cameras decoding a real clip (paced at its frame rate, or lossless with `--lossless`).
-With `--sample S` it also prints RSS, threads and fds every S seconds (a soak test).
+
+The measurement alternates: the ceiling threads run with the daemon frozen (SIGSTOP), then the
+daemon runs again and is measured (after a settling second), `--rounds` times, ending with a last
+ceiling window. On a machine whose speed drifts -- this project's 2-core build machine switches
+between two speeds, one half the other -- each daemon window is compared with the ceiling windows
+right before and after it; windows whose two ceilings disagree by more than 10% saw the machine
+change speed and are left out of the median ratio, which is the result.
+With `--sample S` it instead measures one long window, printing RSS, threads and fds every S
+seconds (a soak test), and the ceiling once at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -31,10 +40,26 @@ import yaml
 
 from ..control.client import ControlError, request
 from ..localbroker import HOST, INSTALL_HINT, find_mosquitto, free_port, start_broker
-from .host import Ceiling, ProcSample, cpu_percent, host_ceiling, sample_process
+from .host import Ceiling, ProcSample, host_ceiling, sample_process
 
 DEVICE_ID = "bench"
 _LATENCY = re.compile(rb'"latency_ms":\s*([0-9.]+)')
+#: after the daemon is thawed, frames captured before the freeze are flushed: not measured
+SETTLE_S = 1.5
+#: reference windows on either side of a measured one that differ by more than this fraction saw
+#: the machine change speed: that measured window is not used for the ratio
+STEADY = 0.10
+
+
+def steady_ratios(measured: list[float], references: list[float]) -> list[float]:
+    """measured[i] / mean(references[i], references[i + 1]), for the windows whose two references
+    agree within STEADY (references has one entry more: one before every window, one after the last)."""
+    ratios = []
+    for i, value in enumerate(measured):
+        before, after = references[i], references[i + 1]
+        if before and after and abs(before - after) <= STEADY * max(before, after):
+            ratios.append(value / ((before + after) / 2))
+    return ratios
 
 
 def add_parser(bsub) -> None:
@@ -58,7 +83,9 @@ def add_parser(bsub) -> None:
     p.add_argument("--seconds", type=float, default=20, help="measured time (default 20)")
     p.add_argument("--warmup", type=float, default=5, help="seconds before measuring (default 5)")
     p.add_argument("--sample", type=float, default=0, help="print RSS/threads/fds every N s (soak)")
-    p.add_argument("--ceiling-seconds", type=float, default=5, help="host ceiling measurement (0: skip)")
+    p.add_argument("--ceiling-seconds", type=float, default=5,
+                   help="host ceiling measurement per round (0: skip)")
+    p.add_argument("--rounds", type=int, default=3, help="daemon/ceiling windows to alternate (default 3)")
     p.add_argument("--no-baseline", action="store_true", help="skip the run without cameras (per-camera memory)")
     p.set_defaults(func=main)
 
@@ -82,6 +109,7 @@ class Options:
     warmup: float = 5.0
     sample: float = 0.0
     ceiling_seconds: float = 5.0
+    rounds: int = 3
     baseline: bool = True
 
     @property
@@ -109,7 +137,7 @@ def main(args: argparse.Namespace) -> int:
                    decode_threads=args.decode_threads, batch=args.batch, device_ms=(base, per_frame),
                    aipp=args.aipp, input_buffers=args.input_buffers, preprocess_threads=args.preprocess_threads,
                    seconds=args.seconds, warmup=args.warmup, sample=args.sample,
-                   ceiling_seconds=args.ceiling_seconds, baseline=not args.no_baseline)
+                   ceiling_seconds=args.ceiling_seconds, rounds=max(1, args.rounds), baseline=not args.no_baseline)
     binary = find_mosquitto()
     if binary is None:
         print(f"yoloedge bench pipeline: needs the mosquitto MQTT broker ({INSTALL_HINT})", file=sys.stderr)
@@ -127,19 +155,26 @@ def main(args: argparse.Namespace) -> int:
 # -- the run ---------------------------------------------------------------------------------------
 @dataclass
 class Result:
-    seconds: float = 0.0
+    seconds: float = 0.0  # daemon windows, summed
     published: dict[str, int] = field(default_factory=dict)
     latencies_ms: list[float] = field(default_factory=list)
     busy_s: float = 0.0
     drops: int = 0
     frames_in: int = 0
-    daemon: tuple[ProcSample, ProcSample] | None = None
-    broker_cpu: float = 0.0
-    bench_cpu: float = 0.0
+    daemon_cpu_s: float = 0.0
+    broker_cpu_s: float = 0.0
+    bench_cpu_s: float = 0.0
+    last: ProcSample | None = None
     samples: list[ProcSample] = field(default_factory=list)
     baseline: ProcSample | None = None
-    ceiling: Ceiling | None = None
+    ceilings: list[Ceiling] = field(default_factory=list)
+    windows: list[float] = field(default_factory=list)  # published frames/s of each daemon window
     batch_p50: float | None = None
+
+    @property
+    def ceiling_fps(self) -> float | None:
+        seconds = sum(c.seconds for c in self.ceilings)
+        return sum(c.frames for c in self.ceilings) / seconds if seconds else None
 
 
 def run(opts: Options, workdir: Path, binary: str) -> Result:
@@ -153,12 +188,15 @@ def run(opts: Options, workdir: Path, binary: str) -> Result:
     finally:
         broker.terminate()
         broker.wait(10)
-    if opts.ceiling_seconds > 0:
-        frame = None if opts.clip else _frame(opts)
-        nhwc = opts.aipp
-        result.ceiling = host_ceiling(opts.cameras, opts.ceiling_seconds, _model_hw(opts.model), frame=frame,
-                                      clip=opts.clip, decode_threads=opts.decode_threads, nhwc=nhwc)
+    if opts.sample and opts.ceiling_seconds > 0:
+        result.ceilings.append(_ceiling(opts, opts.ceiling_seconds))
     return result
+
+
+def _ceiling(opts: Options, seconds: float) -> Ceiling:
+    frame = None if opts.clip else _frame(opts)
+    return host_ceiling(opts.cameras, seconds, _model_hw(opts.model), frame=frame, clip=opts.clip,
+                        decode_threads=opts.decode_threads, nhwc=opts.aipp)
 
 
 def _baseline(opts: Options, workdir: Path, port: int) -> ProcSample:
@@ -169,39 +207,66 @@ def _baseline(opts: Options, workdir: Path, port: int) -> ProcSample:
 
 
 def _measure(opts: Options, workdir: Path, port: int, broker_pid: int, result: Result) -> None:
+    """Daemon windows, each followed (unless soaking) by a ceiling window with the daemon frozen."""
+    soak = opts.sample > 0
+    rounds = 1 if soak else opts.rounds
+    interleave = not soak and opts.ceiling_seconds > 0
     counter = Subscriber(port)
+
+    def frozen_ceiling(daemon: Daemon) -> None:
+        os.kill(daemon.pid, signal.SIGSTOP)
+        try:
+            result.ceilings.append(_ceiling(opts, opts.ceiling_seconds))
+        finally:
+            os.kill(daemon.pid, signal.SIGCONT)
+        time.sleep(SETTLE_S)
+
     try:
         with Daemon(workdir, config(opts, workdir, port, cameras=opts.cameras)) as daemon:
             time.sleep(opts.warmup)
-            status0 = daemon.status()
-            first, broker0, bench0 = sample_process(daemon.pid), sample_process(broker_pid), sample_process(os.getpid())
-            counter.open_window()
-            result.samples.append(first)
-            deadline = time.monotonic() + opts.seconds
-            next_sample = time.monotonic() + (opts.sample or opts.seconds + 1)
-            while time.monotonic() < deadline:
-                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-                if opts.sample and time.monotonic() >= next_sample:
-                    result.samples.append(sample_process(daemon.pid))
-                    next_sample += opts.sample
-            counter.close_window()
-            last, broker1, bench1 = sample_process(daemon.pid), sample_process(broker_pid), sample_process(os.getpid())
-            status1 = daemon.status()
-            result.samples.append(last)
+            if interleave:
+                frozen_ceiling(daemon)
+            for _ in range(rounds):
+                result.windows.append(_window(opts, daemon, broker_pid, counter, result, opts.seconds / rounds))
+                if interleave:
+                    frozen_ceiling(daemon)
+            result.batch_p50 = daemon.status()["accelerators"][0].get("batch_p50")
     finally:
         counter.stop()
-    result.seconds = counter.window_s
     result.published = counter.per_camera
     result.latencies_ms = counter.latencies
-    result.daemon = (first, last)
-    result.broker_cpu = cpu_percent(broker0, broker1)
-    result.bench_cpu = cpu_percent(bench0, bench1)
-    result.busy_s = (sum(a["busy_s"] for a in status1["accelerators"])
-                     - sum(a["busy_s"] for a in status0["accelerators"]))
+
+
+def _window(opts: Options, daemon: Daemon, broker_pid: int, counter: Subscriber, result: Result,
+            seconds: float) -> float:
+    """One measured window of the running daemon; adds its figures to `result`, returns frames/s."""
+    status0 = daemon.status()
+    first, broker0, bench0 = sample_process(daemon.pid), sample_process(broker_pid), sample_process(os.getpid())
+    before = counter.total
+    counter.open_window()
+    result.samples.append(first)
+    deadline = time.monotonic() + seconds
+    next_sample = time.monotonic() + (opts.sample or seconds + 1)
+    while time.monotonic() < deadline:
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        if opts.sample and time.monotonic() >= next_sample:
+            result.samples.append(sample_process(daemon.pid))
+            next_sample += opts.sample
+    window_s = counter.close_window()
+    last, broker1, bench1 = sample_process(daemon.pid), sample_process(broker_pid), sample_process(os.getpid())
+    status1 = daemon.status()
+    result.samples.append(last)
+    result.last = last
+    result.seconds += window_s
+    result.daemon_cpu_s += last.cpu_s - first.cpu_s
+    result.broker_cpu_s += broker1.cpu_s - broker0.cpu_s
+    result.bench_cpu_s += bench1.cpu_s - bench0.cpu_s
+    result.busy_s += (sum(a["busy_s"] for a in status1["accelerators"])
+                      - sum(a["busy_s"] for a in status0["accelerators"]))
     cams0 = {c["name"]: c for c in status0["cameras"]}
-    result.drops = sum(c["drops"] - cams0[c["name"]]["drops"] for c in status1["cameras"])
-    result.frames_in = sum((c["frames_in"] or 0) - (cams0[c["name"]]["frames_in"] or 0) for c in status1["cameras"])
-    result.batch_p50 = status1["accelerators"][0].get("batch_p50")
+    result.drops += sum(c["drops"] - cams0[c["name"]]["drops"] for c in status1["cameras"])
+    result.frames_in += sum((c["frames_in"] or 0) - (cams0[c["name"]]["frames_in"] or 0) for c in status1["cameras"])
+    return (counter.total - before) / window_s if window_s else 0.0
 
 
 def config(opts: Options, workdir: Path, port: int, cameras: int) -> dict:
@@ -227,6 +292,8 @@ def config(opts: Options, workdir: Path, port: int, cameras: int) -> dict:
                           "simulated": simulated}],
         "cameras": cams,
         "mqtt": {"host": HOST, "port": port, "stats_interval_s": 3600},
+        # frozen for the ceiling windows: not a stall (those are tested elsewhere, not measured here)
+        "health": {"stall_timeout_s": 120},
         "control": {"socket": str(workdir / "control.sock")},
         "logging": {"level": "warning", "target": "stderr"},
         "shutdown_timeout_s": 10,
@@ -289,8 +356,10 @@ class Subscriber:
 
         self.per_camera: dict[str, int] = {}
         self.latencies: list[float] = []
+        self.total = 0
         self._open = False
-        self._opened = self._closed = 0.0
+        self._opened = 0.0
+        self.window_s = 0.0  # all windows together
         self._lock = threading.Lock()
         self._subscribed = threading.Event()
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="yoloedge-bench-subscriber")
@@ -309,18 +378,19 @@ class Subscriber:
         match = _LATENCY.search(message.payload)
         with self._lock:
             self.per_camera[camera] = self.per_camera.get(camera, 0) + 1
+            self.total += 1
             if match:
                 self.latencies.append(float(match.group(1)))
 
     def open_window(self) -> None:
         self._opened, self._open = time.monotonic(), True
 
-    def close_window(self) -> None:
-        self._open, self._closed = False, time.monotonic()
-
-    @property
-    def window_s(self) -> float:
-        return self._closed - self._opened
+    def close_window(self) -> float:
+        """Stop counting; returns this window's length (added to `window_s`)."""
+        self._open = False
+        length = time.monotonic() - self._opened
+        self.window_s += length
+        return length
 
     def stop(self) -> None:
         self.client.loop_stop()
@@ -374,13 +444,15 @@ def report(opts: Options, r: Result) -> str:
         f"  -> simulated device: batch {opts.batch}, {base:g} ms + {per_frame:g} ms/frame = "
         f"{opts.device_fps:.0f} frames/s, {'uint8 NHWC (AIPP)' if opts.aipp else 'float NCHW'} input, "
         f"{opts.input_buffers} input buffers; model {os.path.basename(opts.model)}",
-        f"  host: {os.cpu_count()} cores; measured {r.seconds:.1f} s after {opts.warmup:g} s of warm-up",
+        f"  host: {os.cpu_count()} cores; measured {r.seconds:.1f} s in {len(r.windows)} window(s) after "
+        f"{opts.warmup:g} s of warm-up" + (", between ceiling windows with the daemon frozen"
+                                           if len(r.ceilings) > len(r.windows) else ""),
         "",
     ]
     published = sum(r.published.values())
     rate = published / r.seconds if r.seconds else 0.0
     offered = opts.offered_fps
-    ceiling = r.ceiling.fps if r.ceiling else None
+    ceiling = r.ceiling_fps
     target = min(opts.device_fps, ceiling) if ceiling else opts.device_fps
     rows = []
     if offered is not None:
@@ -388,6 +460,13 @@ def report(opts: Options, r: Result) -> str:
     rows.append(("published", f"{rate:8.1f} frames/s",
                  (f"{100 * rate / offered:.1f}% of offered; " if offered else "")
                  + f"{100 * rate / target:.1f}% of min(device, host ceiling) = {target:.0f}"))
+    if len(r.ceilings) == len(r.windows) + 1:
+        targets = [min(opts.device_fps, c.fps) for c in r.ceilings]
+        steady = steady_ratios(r.windows, targets)
+        rows.append(("per window", f"{100 * statistics.median(steady):8.1f} % median" if steady else "     n/a",
+                     f"of min(device, ceiling) in the {len(steady)} of {len(r.windows)} windows whose ceilings "
+                     f"before and after agree within {100 * STEADY:.0f}%: "
+                     + ", ".join(f"{p:.0f}/{c:.0f}" for p, c in zip(r.windows, targets))))
     rows.append(("device utilisation", f"{100 * r.busy_s / r.seconds if r.seconds else 0:8.1f} %",
                  f"busy/wall; median batch {r.batch_p50}"))
     rows.append(("dropped (keep-latest)", f"{r.drops / r.seconds if r.seconds else 0:8.1f} frames/s",
@@ -401,14 +480,15 @@ def report(opts: Options, r: Result) -> str:
         spread = 100 * (max(rates) - min(rates)) / max(rates) if max(rates) else 0.0
         rows.append(("per camera published", f"{min(rates):8.1f} min", f"max {max(rates):.1f} frames/s "
                                                                       f"(spread {spread:.1f}%)"))
-    if r.ceiling:
-        rows.append(("host ceiling", f"{r.ceiling.fps:8.1f} frames/s",
-                     f"{r.ceiling.threads} plain OpenCV threads: {r.ceiling.what}"))
-    if r.daemon:
-        first, last = r.daemon
-        rows.append(("daemon CPU", f"{cpu_percent(first, last):8.1f} %",
-                     f"of {100 * (os.cpu_count() or 1)}%; mosquitto {r.broker_cpu:.1f}%, this bench's "
-                     f"subscriber {r.bench_cpu:.1f}%"))
+    if r.ceilings:
+        first_ceiling = r.ceilings[0]
+        rows.append(("host ceiling", f"{ceiling:8.1f} frames/s",
+                     f"{first_ceiling.threads} plain OpenCV threads: {first_ceiling.what}"))
+    last = r.last
+    if last is not None and r.seconds:
+        rows.append(("daemon CPU", f"{100 * r.daemon_cpu_s / r.seconds:8.1f} %",
+                     f"of {100 * (os.cpu_count() or 1)}%; mosquitto {100 * r.broker_cpu_s / r.seconds:.1f}%, "
+                     f"this bench's subscriber {100 * r.bench_cpu_s / r.seconds:.1f}%"))
         rows.append(("daemon memory", f"{last.rss_mb:8.1f} MB RSS", f"{last.threads} threads, {last.fds} fds"))
         if r.baseline and opts.cameras:
             rows.append(("per camera", f"{(last.rss_mb - r.baseline.rss_mb) / opts.cameras:8.1f} MB",
