@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .fields import INVALID, Boolean, Choice, Context, Reader, Text, mapping_or_report, read_fields
+from .fields import INVALID, Boolean, Choice, Context, Reader, Text, read_section
 from .yamltree import Item
 
 EXECUTE_MODES = ("sync", "async")
@@ -59,14 +59,7 @@ ASCEND_FIELDS: dict[str, Reader] = {
 
 def read_ascend_section(ctx: Context, item: Item | None) -> Any:
     """The validated `ascend:` mapping (absent or null: all defaults); INVALID after a report."""
-    if item is None or item.value is None:
-        return {}
-    if mapping_or_report(ctx, item) is None:
-        return INVALID
-    values = read_fields(ctx, item, ASCEND_FIELDS)
-    if values is None or len(values) != len(item.value):
-        return INVALID  # an unknown key or a bad value was reported
-    return values
+    return read_section(ctx, item, ASCEND_FIELDS)
 
 
 def ascend_config(options: Mapping[str, Any], device: int) -> AscendConfig:

@@ -316,6 +316,19 @@ def report_duplicate_names(ctx: Context, children: list[Item], names: list[Any],
             first_line[name] = where.line
 
 
+def read_section(ctx: Context, item: Item | None, fields: dict[str, Reader]) -> Any:
+    """A backend's own settings section (`ascend:`, `simulated:`): absent or null means every
+    default ({}); else the validated values, or INVALID once an unknown key or bad value was reported."""
+    if item is None or item.value is None:
+        return {}
+    if mapping_or_report(ctx, item) is None:
+        return INVALID
+    values = read_fields(ctx, item, fields)
+    if values is None or len(values) != len(item.value):
+        return INVALID
+    return values
+
+
 def plain(item: Item) -> Any:
     """The Item tree as ordinary dicts, lists and scalars (for sections passed on unvalidated)."""
     if item.is_mapping:

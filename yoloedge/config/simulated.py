@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .fields import (INVALID, Choice, Context, FilePath, Number, Reader, mapping_or_report, read_fields,
-                     sequence_or_report)
+from .fields import INVALID, Choice, Context, FilePath, Number, Reader, read_section, sequence_or_report
 from .yamltree import Item
 
 INPUT_KINDS = ("host", "aipp")
@@ -65,14 +64,7 @@ SIMULATED_FIELDS: dict[str, Reader] = {
 
 def read_simulated_section(ctx: Context, item: Item | None) -> Any:
     """The validated `simulated:` mapping (absent or null: all defaults); INVALID after a report."""
-    if item is None or item.value is None:
-        return {}
-    if mapping_or_report(ctx, item) is None:
-        return INVALID
-    values = read_fields(ctx, item, SIMULATED_FIELDS)
-    if values is None or len(values) != len(item.value):
-        return INVALID
-    return values
+    return read_section(ctx, item, SIMULATED_FIELDS)
 
 
 def simulated_config(options: Mapping[str, Any], device: int) -> SimulatedConfig:
