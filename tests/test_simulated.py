@@ -87,7 +87,6 @@ def test_buffers_are_allocated_once_per_set_and_runs_return_views_of_them(shot):
     spec = backend.open(4, input_sets=3, output_sets=2)
     assert len(backend.input_buffers) == 3
     assert len({b.ctypes.data for b in backend.input_buffers}) == 3  # three distinct buffers
-    assert backend.input_buffers[1] is backend.input_buffers[1]  # the same array every time, not a copy
     assert backend.input_buffers[0].shape == spec.input.shape == (4, 3, 320, 320)
     first = backend.run(4, 0, 1)[0]
     again = backend.run(2, 2, 1)[0]

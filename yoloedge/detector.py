@@ -18,7 +18,7 @@ from .backends.base import Backend
 from .config.model import ModelConfig
 from .errors import ModelError
 from .model.labels import COCO80, placeholder_labels, resolve_labels
-from .model.spec import ModelSpec
+from .model.spec import ModelSpec, channels_last
 from .postprocess import Detections, Layout, PostprocessSettings, Postprocessor, detect_layout, make_decoder
 from .preprocess import Geometry, Letterboxer, family_style
 
@@ -121,7 +121,7 @@ class Detector:
 def _input_format(spec: ModelSpec, config: ModelConfig) -> InputFormat:
     shape = spec.input.shape
     dtype = spec.input.dtype
-    nhwc = config.input == "aipp" or (shape[3] in (1, 3) and shape[1] not in (1, 3))
+    nhwc = config.input == "aipp" or channels_last(shape)
     if nhwc:
         _, h, w, c = shape
         if dtype != np.uint8:

@@ -18,7 +18,7 @@ import onnxruntime as ort
 
 from ..config.model import PROVIDERS, OnnxRuntimeConfig
 from ..errors import BackendError, ModelError
-from ..model.spec import DYNAMIC, ModelSpec, TensorSpec, normalise_shape, parse_metadata
+from ..model.spec import DYNAMIC, ModelSpec, TensorSpec, channels_last, normalise_shape, parse_metadata
 from .base import Backend, check_open_request, host_buffer
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class OnnxRuntimeBackend(Backend):
                              + ", ".join(f"{i.name} {list(i.shape)}" for i in inputs))
         inp = inputs[0]
         shape = list(inp.shape)
-        nhwc = shape[3] in (1, 3) and shape[1] not in (1, 3)
+        nhwc = channels_last(shape)
         hw_axes = (1, 2) if nhwc else (2, 3)
         if DYNAMIC in (shape[hw_axes[0]], shape[hw_axes[1]]):
             h, w = input_hw or meta.imgsz or DEFAULT_IMGSZ

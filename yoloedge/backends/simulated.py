@@ -25,7 +25,7 @@ import numpy as np
 from ..config.model import OnnxRuntimeConfig
 from ..config.simulated import SimulatedConfig
 from ..errors import BackendError, ImageError
-from ..model.spec import DYNAMIC, ModelSpec, TensorSpec
+from ..model.spec import DYNAMIC, ModelSpec, TensorSpec, channels_last, image_hwc
 from ..postprocess import detect_layout
 from ..preprocess import Letterboxer, family_style
 from .base import Backend, check_open_request, host_buffer
@@ -66,7 +66,7 @@ class SimulatedBackend(Backend):
         shape = inp.shape[1:]
         dtype = inp.dtype
         if self.config.input == "aipp":
-            h, w, _, _ = _input_format(inp.shape)
+            h, w, _ = image_hwc(inp.shape)
             shape, dtype = (h, w, 3), np.dtype(np.uint8)
         self._capacity = max_batch
         self._inputs = [host_buffer((max_batch, *shape), dtype) for _ in range(input_sets)]
@@ -83,7 +83,8 @@ class SimulatedBackend(Backend):
 
     def _record(self, model: OnnxRuntimeBackend, spec: ModelSpec) -> list[np.ndarray]:
         """The model's real outputs for one image, letterboxed the way its family expects."""
-        h, w, channels, nhwc = _input_format(spec.input.shape)
+        h, w, channels = image_hwc(spec.input.shape)
+        nhwc = channels_last(spec.input.shape)
         names = spec.metadata.names
         layout = detect_layout(spec.outputs, (h, w), spec.metadata, num_classes=len(names) if names else None)
         if self.config.image:
@@ -135,8 +136,3 @@ class SimulatedBackend(Backend):
         self._inputs = []
         self._output_sets = []
 
-
-def _input_format(shape: tuple[int, ...]) -> tuple[int, int, int, bool]:
-    """(height, width, channels, nhwc) of a 4-D image input, by where the channel axis sits."""
-    nhwc = shape[3] in (1, 3) and shape[1] not in (1, 3)
-    return (shape[1], shape[2], shape[3], True) if nhwc else (shape[2], shape[3], shape[1], False)

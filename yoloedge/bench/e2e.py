@@ -29,9 +29,9 @@ from pathlib import Path
 
 import cv2
 
-from ..localbroker import HOST, INSTALL_HINT, find_mosquitto, free_port, start_broker
+from ..localbroker import INSTALL_HINT, find_mosquitto, free_port, start_broker
 from .host import sample_process
-from .pipeline import DEVICE_ID, SETTLE_S, STEADY, Daemon, Subscriber, steady_ratios
+from .pipeline import SETTLE_S, STEADY, Daemon, Subscriber, bench_config, steady_ratios
 
 
 def add_parser(bsub) -> None:
@@ -125,17 +125,8 @@ def alternate(bare: BareLoop, model: str, clip: str, workdir: Path, binary: str,
     port = free_port()
     broker = start_broker(binary, workdir, port)
     accelerator = {"name": "cpu", "backend": "onnxruntime", "batch": 1, "intra_op_threads": args.threads}
-    cfg = {
-        "device_id": DEVICE_ID,
-        "model": {"path": model},
-        "accelerators": [accelerator],
-        "cameras": [{"name": "clip", "url": clip, "realtime": False, "loop": True}],
-        "mqtt": {"host": HOST, "port": port, "stats_interval_s": 3600},
-        "health": {"stall_timeout_s": 120},  # frozen during the bare windows: not a stall
-        "control": {"socket": str(workdir / "control.sock")},
-        "logging": {"level": "warning", "target": "stderr"},
-        "shutdown_timeout_s": 10,
-    }
+    cfg = bench_config(workdir, port, {"path": model}, accelerator,
+                       [{"name": "clip", "url": clip, "realtime": False, "loop": True}])
     counter = Subscriber(port)
     bares: list[float] = []
     daemons: list[float] = []

@@ -8,10 +8,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 
 from ..preprocess import Letterboxer, LetterboxStyle
+from ..sources.capture import open_video_file
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -74,7 +74,7 @@ def host_ceiling(threads: int, seconds: float, size: tuple[int, int], frame: np.
     def work(index: int) -> None:
         letterbox = Letterboxer(height, width, 3, nhwc=nhwc, style=LetterboxStyle())
         slot = np.zeros((height, width, 3), np.uint8) if nhwc else np.zeros((3, height, width), np.float32)
-        cap = _open_clip(clip, decode_threads) if clip is not None else None
+        cap = open_video_file(clip, decode_threads) if clip is not None else None
         try:
             while not stop.is_set():
                 image = frame
@@ -82,7 +82,7 @@ def host_ceiling(threads: int, seconds: float, size: tuple[int, int], frame: np.
                     ok, image = cap.read()
                     if not ok:
                         cap.release()
-                        cap = _open_clip(clip, decode_threads)
+                        cap = open_video_file(clip, decode_threads)
                         continue
                 if image is not None:
                     letterbox(image, slot)
@@ -103,11 +103,3 @@ def host_ceiling(threads: int, seconds: float, size: tuple[int, int], frame: np.
         w.join(10)
     what = f"decode {os.path.basename(clip)} + letterbox" if clip else "letterbox of a pre-decoded frame"
     return Ceiling(done, elapsed, threads, what)
-
-
-def _open_clip(path: str, decode_threads: int) -> cv2.VideoCapture:
-    params = [cv2.CAP_PROP_N_THREADS, decode_threads] if decode_threads and hasattr(cv2, "CAP_PROP_N_THREADS") else []
-    cap = cv2.VideoCapture(path, cv2.CAP_FFMPEG, params)
-    if not cap.isOpened():
-        raise RuntimeError(f"cannot open {path}")
-    return cap

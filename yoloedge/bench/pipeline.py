@@ -92,25 +92,27 @@ def add_parser(bsub) -> None:
 
 @dataclass
 class Options:
+    """The command line, parsed (its defaults are the argparse ones: stated once)."""
+
     model: str
-    image: str | None = None
-    cameras: int = 8
-    fps: float = 50.0
-    size: tuple[int, int] = (1920, 1080)  # width, height
-    clip: str | None = None
-    lossless: bool = False
-    decode_threads: int = 1
-    batch: int = 8
-    device_ms: tuple[float, float] = (4.0, 2.0)
-    aipp: bool = False
-    input_buffers: int = 2
-    preprocess_threads: int = 0
-    seconds: float = 20.0
-    warmup: float = 5.0
-    sample: float = 0.0
-    ceiling_seconds: float = 5.0
-    rounds: int = 3
-    baseline: bool = True
+    image: str | None
+    cameras: int
+    fps: float
+    size: tuple[int, int]  # width, height
+    clip: str | None
+    lossless: bool
+    decode_threads: int
+    batch: int
+    device_ms: tuple[float, float]
+    aipp: bool
+    input_buffers: int
+    preprocess_threads: int
+    seconds: float
+    warmup: float
+    sample: float
+    ceiling_seconds: float
+    rounds: int
+    baseline: bool
 
     @property
     def device_fps(self) -> float:
@@ -284,15 +286,22 @@ def config(opts: Options, workdir: Path, port: int, cameras: int) -> dict:
             url = f"synthetic://{width}x{height}?fps={opts.fps:g}" + (f"&image={opts.image}" if opts.image else "")
             cam = {"name": f"cam{i:02d}", "url": url}
         cams.append(cam)
+    accelerator = {"name": "sim", "backend": "simulated", "batch": opts.batch, "input_buffers": opts.input_buffers,
+                   "preprocess_threads": opts.preprocess_threads, "simulated": simulated}
+    return bench_config(workdir, port, {"path": opts.model, "input": "aipp" if opts.aipp else "host"},
+                        accelerator, cams)
+
+
+def bench_config(workdir: Path, port: int, model: dict, accelerator: dict, cameras: list[dict]) -> dict:
+    """A daemon configuration for a benchmark: the private broker, a control socket in `workdir`,
+    warnings only, and no stall detection to speak of -- the benchmarks freeze the daemon (SIGSTOP)
+    between measuring windows, which is not a stall."""
     return {
         "device_id": DEVICE_ID,
-        "model": {"path": opts.model, "input": "aipp" if opts.aipp else "host"},
-        "accelerators": [{"name": "sim", "backend": "simulated", "batch": opts.batch,
-                          "input_buffers": opts.input_buffers, "preprocess_threads": opts.preprocess_threads,
-                          "simulated": simulated}],
-        "cameras": cams,
+        "model": model,
+        "accelerators": [accelerator],
+        "cameras": cameras,
         "mqtt": {"host": HOST, "port": port, "stats_interval_s": 3600},
-        # frozen for the ceiling windows: not a stall (those are tested elsewhere, not measured here)
         "health": {"stall_timeout_s": 120},
         "control": {"socket": str(workdir / "control.sock")},
         "logging": {"level": "warning", "target": "stderr"},
@@ -413,13 +422,14 @@ def _frame(opts: Options):
 
 def _model_hw(model: str) -> tuple[int, int]:
     from ..backends.onnxruntime import OnnxRuntimeBackend
+    from ..model.spec import image_hwc
 
     backend = OnnxRuntimeBackend(model)
     try:
-        shape = backend.open(1).input.shape
+        height, width, _ = image_hwc(backend.open(1).input.shape)
     finally:
         backend.close()
-    return (shape[1], shape[2]) if shape[3] in (1, 3) and shape[1] not in (1, 3) else (shape[2], shape[3])
+    return height, width
 
 
 def _clip_fps(path: str) -> float:

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import YoloedgeError
-from ..model.spec import DYNAMIC, ModelMetadata, normalise_shape, parse_metadata
+from ..model.spec import DYNAMIC, ModelMetadata, channels_last, normalise_shape, parse_metadata
 
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8}
 #: characters a shell leaves alone inside double quotes (anything else: single-quote the argument).
@@ -43,7 +43,7 @@ class SourceModel:
     @property
     def nchw(self) -> bool:
         """Channels-first unless the last axis looks like channels and the second does not."""
-        return not (self.shape[3] in (1, 3) and self.shape[1] not in (1, 3))
+        return not channels_last(self.shape)
 
     @property
     def batch_is_dynamic(self) -> bool:

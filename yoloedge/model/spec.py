@@ -18,6 +18,19 @@ from .labels import labels_from_names
 DYNAMIC = -1
 
 
+def channels_last(shape: Sequence[int]) -> bool:
+    """A 4-D image input is NHWC when its last axis looks like channels (1 or 3) and its second
+    does not; everything else is read as NCHW."""
+    return shape[3] in (1, 3) and shape[1] not in (1, 3)
+
+
+def image_hwc(shape: Sequence[int]) -> tuple[int, int, int]:
+    """(height, width, channels) of a 4-D image input shape, NHWC or NCHW."""
+    if channels_last(shape):
+        return shape[1], shape[2], shape[3]
+    return shape[2], shape[3], shape[1]
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     name: str

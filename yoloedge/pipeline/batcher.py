@@ -77,11 +77,6 @@ class Batcher:
         queue.close()
         return left
 
-    def queued(self) -> int:
-        """Frames waiting in the camera queues."""
-        with self.lock:
-            return sum(len(q) for q in self._order)
-
     def pending(self) -> int:
         """Frames taken in but not yet handed to a device: queued, or in an open or sealed buffer."""
         with self.lock:
@@ -89,7 +84,7 @@ class Batcher:
             return sum(len(q) for q in self._order) + waiting + (self._open.claimed if self._open else 0)
 
     # -- devices ---------------------------------------------------------------------------------
-    def add_buffers(self, owner: str, arrays: list[np.ndarray]) -> list[BatchBuffer]:
+    def add_buffers(self, owner: str, arrays: list[np.ndarray]) -> None:
         """A device's input sets join the pool (its worker has opened the backend)."""
         buffers = [BatchBuffer(owner, i, a) for i, a in enumerate(arrays)]
         with self.lock:
@@ -97,7 +92,6 @@ class Batcher:
             self._running[owner] = 0
             self._free.extend(buffers)
             self._work.notify_all()
-        return buffers
 
     def remove_buffers(self, owner: str) -> list[BatchBuffer]:
         """A device leaves (its worker stops). Returns its buffers that still held frames, whose
@@ -192,8 +186,8 @@ class Batcher:
     # -- workers ---------------------------------------------------------------------------------
     def next_batch(self, owner: str, stop: threading.Event, idle_wait_s: float = 0.5) -> BatchBuffer | None:
         """The next batch for the device `owner`: a sealed buffer whose slots are all written.
-        Seals the open buffer of this device once its batch timeout is over (or at once when
-        stopping, so a drain does not wait for frames that will never come)."""
+        Seals the open buffer of this device once its batch timeout is over. None once the batcher
+        is closed, or when `stop` is set and this device has nothing sealed or open."""
         with self.lock:
             while not self._closed:
                 sealed = self._sealed.get(owner)

@@ -37,7 +37,6 @@ class PostStage:
         self.sink = sink
         self.max_threads = max(1, max_threads)
         self.errors = 0
-        self.published = 0
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._heap: list[tuple[int, int, OutputSet | None]] = []  # (ticket, arrival, item); None: skipped
@@ -138,7 +137,6 @@ class PostStage:
                 continue
             try:
                 self.sink(meta, dets, item)
-                self.published += 1
             except Exception:  # noqa: BLE001 - one frame's publishing error must not stop the rest
                 self.errors += 1
                 log.exception("publishing frame %d of %s failed", meta.seq, meta.camera,

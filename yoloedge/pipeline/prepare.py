@@ -41,8 +41,6 @@ class Preparer(threading.Thread):
         self.batcher = batcher
         self.letterbox = letterboxer
         self.on_failure = on_failure
-        self.prepared = 0
-        self.failures = 0
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -59,11 +57,9 @@ class Preparer(threading.Thread):
                 if item.image is not None and item.geometry is not None:
                     geometry = letterbox.place(item.image, item.geometry, buffer.array[slot])
             except Exception as exc:  # noqa: BLE001 - a bad picture must not stop the pool
-                self.failures += 1
                 self.on_failure(item.camera, item.seq, exc)
             filled(buffer, slot, item, geometry, taken)  # copies what it needs of the item ...
             item.release()  # ... which may then take the camera's next frame
-            self.prepared += 1
 
     def stop(self) -> None:
         self._stop_event.set()

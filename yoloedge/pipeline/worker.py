@@ -64,11 +64,10 @@ class DeviceWorker(threading.Thread):
         self.state = WorkerState.STARTING
         self._stop_event = threading.Event()
         self._free_outputs: queue.SimpleQueue[OutputSet] = queue.SimpleQueue()
-        self.output_sets: list[OutputSet] = []
         self.inferences = RateMeter(clock=clock)
         self.frames_done = RateMeter(clock=clock)
-        self.busy = RateMeter(clock=clock)  # device seconds per second: the device's utilisation
-        self.busy_s = 0.0
+        #: device seconds per second: the device's utilisation; its total is the busy time so far
+        self.busy = RateMeter(clock=clock)
         self.infer_ms = LatencyWindow()
         self.batch_sizes = LatencyWindow()
         self.errors = 0
@@ -122,9 +121,8 @@ class DeviceWorker(threading.Thread):
         self.detector = Detector(self.model, backend, max_batch=acc.batch, input_sets=acc.input_buffers,
                                  output_sets=sets)
         self.detector.warm_up()
-        self.output_sets = [OutputSet(self, i, self.detector.max_batch) for i in range(sets)]
-        for output_set in self.output_sets:
-            self._free_outputs.put(output_set)
+        for index in range(sets):
+            self._free_outputs.put(OutputSet(self, index, self.detector.max_batch))
         self.tracker.idle(self.worker_name)
         log.info("%s ready: %s, batch %d, %d input and %d output buffers", self.worker_name,
                  backend.description, self.detector.max_batch, acc.input_buffers, sets,
@@ -173,7 +171,6 @@ class DeviceWorker(threading.Thread):
         if self.consecutive_errors:
             self.tracker.mark_healthy(self.worker_name)
             self.consecutive_errors = 0
-        self.busy_s += seconds
         self.busy.mark(seconds)
         self.infer_ms.add(seconds * 1000)
         self.batch_sizes.add(n)
@@ -227,7 +224,7 @@ class DeviceWorker(threading.Thread):
             "inferences_per_s": round(self.inferences.rate(), 2),
             "frames_per_s": round(self.frames_done.rate(), 2),
             "utilisation": round(min(1.0, self.busy.rate()), 3),
-            "busy_s": round(self.busy_s, 3),
+            "busy_s": round(self.busy.total, 3),
             "p50_ms": self.infer_ms.percentile(50),
             "p99_ms": self.infer_ms.percentile(99),
             "batch_p50": self.batch_sizes.percentile(50),
