@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -86,6 +87,39 @@ def test_unit_file_verifies(tmp_path):
     assert values.get("User") == ["yoloedge"]
     assert "yes" not in values.get("PrivateDevices", []), "PrivateDevices=yes hides the accelerator's nodes"
     assert values.get("ExecStart") == [f"{SHIPPED_EXEC} run -c /etc/yoloedge/yoloedge.yaml"]
+
+
+#: the most `systemd-analyze security` may rate the shipped unit (0 = locked down, 10 = exposed).
+MAX_EXPOSURE = 3.5
+
+
+def _exposure(report: str) -> float:
+    match = re.search(r"Overall exposure level for \S+: ([0-9.]+)", report)
+    assert match, f"no overall exposure level in:\n{report}"
+    return float(match.group(1))
+
+
+def test_unit_is_hardened(tmp_path):
+    """systemd's own rating of the shipped unit, and the settings the rating cannot see the point of."""
+    analyze = _tool("systemd-analyze")
+    unit = tmp_path / "yoloedge.service"
+    unit.write_text(UNIT.read_text().replace(SHIPPED_EXEC, str(VENV_YOLOEDGE)))
+    result = subprocess.run([analyze, "security", "--offline=yes", "--no-pager", str(unit)],
+                            capture_output=True, text=True, timeout=60)
+    exposure = _exposure(result.stdout)
+    assert exposure <= MAX_EXPOSURE, f"exposure {exposure} > {MAX_EXPOSURE}:\n{result.stdout}"
+    values: dict[str, list[str]] = {}
+    for key, value in _unit_settings(UNIT.read_text()):
+        values.setdefault(key, []).append(value)
+    assert values.get("CapabilityBoundingSet") == [""], "the daemon needs no capability"
+    assert values.get("SystemCallFilter") == ["@system-service"]
+    assert values.get("UMask") == ["0077"]
+    # Hardening must not lock the daemon out of its accelerators and cameras.
+    assert values.get("DevicePolicy") == ["closed"]
+    for node in ("char-video4linux rw", "char-drm rw", "/dev/kfd rw", "char-nvidia-frontend rw"):
+        assert node in values.get("DeviceAllow", []), f"DeviceAllow={node} missing"
+    for setting in ("PrivateDevices", "PrivateUsers", "MemoryDenyWriteExecute", "PrivateNetwork"):
+        assert values.get(setting, ["no"]) == ["no"], f"{setting}= would break accelerators or cameras"
 
 
 # -- 2. under a real systemd -------------------------------------------------------------------
@@ -191,6 +225,8 @@ mosquitto_sub -h 127.0.0.1 -p "$PORT" -C 1 -W 20 -t "@PREFIX@/@DEVICE@/cameras/d
 @CTL@ --socket /run/yoloedge/control.sock status --json >"$OUT/a_ctl.json" 2>"$OUT/a_ctl.err"
 stat -c '%U:%G %a' /run/yoloedge /run/yoloedge/control.sock >"$OUT/a_runtime_dir.txt" 2>&1
 ps -o user=,group=,supgrp= -p "$(prop MainPID)" >"$OUT/a_ps.txt" 2>&1
+grep -E '^(CapBnd|CapEff|Seccomp|NoNewPrivs):' "/proc/$(prop MainPID)/status" >"$OUT/a_proc_status.txt" 2>&1
+systemd-analyze security --no-pager yoloedge >"$OUT/a_security.txt" 2>&1
 
 # b) alive after more than the watchdog period: the daemon pets the watchdog
 sleep 8
@@ -372,6 +408,11 @@ def test_unit_under_real_systemd(tmp_path, models, media):
         f"yoloedge-ctl status over /run/yoloedge/control.sock: {obs.text('a_ctl.json')!r} {obs.text('a_ctl.err')!r}"
     assert obs.text("a_runtime_dir.txt").split("\n")[0].startswith("yoloedge:yoloedge 750"), \
         f"RuntimeDirectory=yoloedge: {obs.text('a_runtime_dir.txt')!r}"
+    proc = dict(line.split(":", 1) for line in obs.text("a_proc_status.txt").splitlines() if ":" in line)
+    assert int(proc.get("CapBnd", "-1").strip(), 16) == 0, f"capabilities left: {proc}{obs.context()}"
+    assert proc.get("Seccomp", "").strip() == "2", f"no system call filter in force: {proc}{obs.context()}"
+    # The loaded unit as systemd sees it (with the test's drop-in, which only relaxes ProtectHome=).
+    assert _exposure(obs.text("a_security.txt")) <= MAX_EXPOSURE + 0.5, obs.text("a_security.txt")
     assert obs.text("a_ps.txt").split()[:2] == ["yoloedge", "yoloedge"], \
         f"the daemon does not run as User=yoloedge: {obs.text('a_ps.txt')!r}"
 
