@@ -36,7 +36,7 @@ def canned_status(healthy: bool = True, config_error: str | None = None) -> dict
                           "inferences_per_s": 31.25, "p50_ms": 12.5, "p99_ms": None, "queue_depth": 1,
                           "errors": 0, "description": "CPUExecutionProvider"}],
         "cameras": [
-            {"name": "gate", "url": "rtsp://admin:***@10.0.0.5/stream", "state": "running",
+            {"name": "gate", "url": "rtsp://***@10.0.0.5/stream", "state": "running",
              "fps_in": 10.0, "fps_out": 9.96, "drops": 3, "reconnects": 0, "stalls": 0,
              "last_frame_age_s": 0.08, "latency_p50_ms": 45.0, "latency_p99_ms": 80.5, "error": None},
             {"name": "dock", "url": "rtsp://10.0.0.6/stream", "state": "reconnecting",
@@ -260,7 +260,7 @@ def test_ctl_status_table(server):
     lines = out.splitlines()
     gate = next(line for line in lines if line.strip().startswith("gate "))
     dock = next(line for line in lines if line.strip().startswith("dock "))
-    assert "rtsp://admin:***@10.0.0.5/stream" in gate and "10.0" in gate
+    assert "rtsp://***@10.0.0.5/stream" in gate and "10.0" in gate
     assert "reconnecting" in dock and "connection refused" in dock and " - " in dock
     header = next(line for line in lines if line.strip().startswith("NAME") and "FPS IN" in line)
     assert header.index("STATE") == gate.index("running") == dock.index("reconnecting")  # aligned

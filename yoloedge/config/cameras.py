@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..redact import SECRETS, schemeless_userinfo
 from .fields import (INVALID, Boolean, Context, Integer, Number, Reader, Text, did_you_mean, range_order_ok,
                      read_fields, read_string_list, report_duplicate_names, sequence_or_report)
 from .schema import AcceleratorConfig, CameraConfig
@@ -33,6 +34,7 @@ def read_camera_url(ctx: Context, item: Item) -> Any:
     url = Text()(ctx, item)
     if url is INVALID:
         return INVALID
+    SECRETS.add_url(url)  # before any check: a message about a bad URL must not quote its secrets
     scheme, sep, rest = url.partition("://")
     if not sep:
         return _local_path(ctx, item, url)
@@ -49,6 +51,9 @@ def read_camera_url(ctx: Context, item: Item) -> Any:
 
 
 def _local_path(ctx: Context, item: Item, url: str) -> Any:
+    if schemeless_userinfo(url) is not None:  # its secrets are registered; the message shows none
+        return ctx.problem(item, "looks like a camera address without its scheme (user:password@host)",
+                           "start it with rtsp://, rtsps://, http:// or https://")
     if url.strip().isdigit():
         return ctx.bad_value(item, "a camera index is not a source",
                              f"write the device: url: /dev/video{url.strip()}")
@@ -59,11 +64,13 @@ def _network_url(ctx: Context, item: Item, url: str) -> Any:
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
-    except ValueError as exc:
-        return ctx.bad_value(item, f"not a valid URL ({exc})")
+    except ValueError:
+        # not `exc`: urllib quotes the part it could not read, which may be the password
+        return ctx.bad_value(item, "not a valid URL (a port that is not a number, or a bad [IPv6] host)",
+                             "write '@', '/', '?', '#' and ':' in a user name or password as %40, %2F, %3F, %23, %3A")
     if not parts.hostname:
         return ctx.bad_value(item, "a host name is missing",
-                             "e.g. url: rtsp://user:${CAM_PASSWORD}@192.0.2.10/stream1")
+                             "e.g. url: rtsp://192.0.2.10/stream1, with user:${CAM_PASSWORD}@ before the host")
     return url
 
 

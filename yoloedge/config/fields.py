@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from ..redact import redact, redact_url
+from ..redact import SECRETS, redact, redact_value
 from .errors import IssueLog
 from .yamltree import Item
 
@@ -64,7 +64,7 @@ def show(value: Any, secret: bool = False) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        text = redact_url(value)
+        text = redact_value(value)
         text = text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN - 3] + "..."
         return repr(text)
     return str(value)
@@ -194,6 +194,8 @@ class Text:
                                  hint, self.secret)
         if not value.strip() and not self.allow_empty:
             return ctx.bad_value(item, "must not be empty", secret=self.secret)
+        if self.secret:
+            SECRETS.add_secret(value)  # so that no log line or error text can quote it
         if self.topic_safe and not topic_safe(value):
             return ctx.bad_value(item, "must not contain '/', '+', '#', spaces or control characters "
                                        "(it becomes part of MQTT topics)")

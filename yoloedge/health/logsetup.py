@@ -6,14 +6,14 @@ and keeps multi-line tracebacks in one entry. The native protocol is simple enou
 systemd-python (which needs libsystemd headers to build) is not worth the dependency.
 
 Every handler carries a `RedactingFilter`: camera and broker URLs hold passwords, and log
-lines are read by more people than the config file is.
+lines are read by more people than the config file is. It replaces every secret the configuration
+registered (`yoloedge.redact.SECRETS`) and shows every URL in its display form (`redact_text`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import stat
 import struct
@@ -21,7 +21,7 @@ import sys
 from typing import Mapping, TextIO
 
 from ..config.schema import LoggingConfig
-from ..redact import redact_url
+from ..redact import redact_text
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 IDENTIFIER = "yoloedge"
@@ -31,14 +31,6 @@ TARGETS = ("auto", "journald", "stderr")
 
 #: log-record attributes (set with `extra=`) that become journal fields and the stderr prefix.
 CONTEXT_FIELDS = (("camera", "CAMERA"), ("device", "DEVICE"))
-
-#: anything that looks like a URL; `redact_url` then removes its password, if any.
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
-
-
-def redact_text(text: str) -> str:
-    """`text` with the credentials of every URL in it replaced (see `redact_url`)."""
-    return _URL.sub(lambda match: redact_url(match.group(0)), text)
 
 
 def syslog_priority(levelno: int) -> int:
@@ -65,7 +57,7 @@ def _context(record: logging.LogRecord) -> list[tuple[str, str]]:
 
 
 class RedactingFilter(logging.Filter):
-    """Replaces URL passwords in the message, traceback and stack text of every record.
+    """Replaces secrets and URL credentials in the message, traceback and stack text of every record.
 
     It rewrites the record in place (message pre-formatted, args dropped), so every handler
     after it sees the redacted text, whatever its formatter.

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..config.schema import CameraConfig
 from ..metrics import RateMeter
-from ..redact import redact_url
+from ..redact import SECRETS, redact_text, redact_url, replace_all, url_secrets
 from ..threads import lower_priority
 from .capture import Source, SourceError, SourceKind, UnsupportedSourceError, open_source
 from .frame import Frame, FrameSink, SinkClosed
@@ -213,6 +213,9 @@ class CameraReader:
         self._on_state = on_state
         self._clock = clock
         self._safe_url = redact_url(config.url)
+        #: the raw URL and its secrets, each with what replaces it (see `url_secrets`)
+        self._secrets = url_secrets(config.url)
+        SECRETS.add_url(config.url)  # for the log filter, should anything else quote the URL
         self._stop = threading.Event()
         self._lock = threading.Lock()  # this reader's counters; never shared with other readers
         #: serializes state changes and their callbacks, so listeners see them in order
@@ -672,8 +675,9 @@ class CameraReader:
                 self._error = self._scrub(reason)
 
     def _scrub(self, text: str) -> str:
-        """Remove credentials: redact every URL, and the raw URL in whatever form it appears."""
-        return redact_url(text.replace(self._config.url, self._safe_url))
+        """Remove credentials from text that may quote the URL (FFmpeg, OpenCV, exceptions): the raw
+        URL and its secrets in whatever form they appear, then every URL in its display form."""
+        return redact_text(replace_all(text, self._secrets))
 
     def _log(self, level: int, msg: str, *args: object) -> None:
         log.log(level, msg, *args, extra={"camera": self.name})
