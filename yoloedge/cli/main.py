@@ -1,4 +1,9 @@
-"""`yoloedge`: the daemon's command line. Sub-commands live in their own modules."""
+"""`yoloedge`: the daemon's command line. Sub-commands live in their own modules.
+
+They are imported by `build_parser`, not here: `main` first holds back the daemon's signals
+(see `cli.run`), and the sub-commands pull in OpenCV and NumPy, a quarter of a second during
+which a SIGHUP would otherwise kill `yoloedge run`.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,7 @@ import logging
 import sys
 
 from .. import __version__
-from ..demo import runner as demo
-from . import bench, check, detect, run
-from . import convert, verify
+from . import run
 
 #: sysexits.h EX_USAGE-style codes used across the CLI.
 EXIT_OK = 0
@@ -17,6 +20,9 @@ EXIT_INPUT = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..demo import runner as demo
+    from . import bench, check, convert, detect, verify
+
     parser = argparse.ArgumentParser(
         prog="yoloedge",
         description="YOLO object detection on camera streams at the edge, published over MQTT.")
@@ -35,8 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    previous_mask = run.hold_daemon_signals()
+    try:
+        args = build_parser().parse_args(argv)
+    except BaseException:  # --help, --version, a usage error: leave the mask as found
+        run.release_daemon_signals(previous_mask)
+        raise
+    if args.func is not run.run:
+        run.release_daemon_signals(previous_mask)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     return args.func(args)

@@ -2,14 +2,17 @@
 
 Socket errors are turned into exceptions that say what the user should do: "not running"
 and "not permitted" are the two everyday cases, and a raw `[Errno 13]` explains neither.
+`timeout` bounds the whole exchange (connect, send, every read together), so a peer that
+answers a byte at a time cannot hold `yoloedge-ctl` past it.
 """
 
 from __future__ import annotations
 
-import json
 import socket
+import time
 
 from ..errors import YoloedgeError
+from .protocol import MAX_REPLY_DEPTH, MalformedMessage, decode_object, encode
 
 #: largest reply accepted; a status report with hundreds of cameras stays far below it.
 MAX_REPLY_BYTES = 16 * 1024 * 1024
@@ -33,13 +36,15 @@ def request(path: str, payload: dict, timeout: float = 5.0) -> dict:
     Raises NotRunning, PermissionDenied, or ControlError (no reply in `timeout` seconds,
     malformed reply).
     """
-    line = json.dumps(payload).encode("utf-8") + b"\n"
+    line = encode(payload)
+    deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
-        _connect(sock, path)
+        _connect(sock, path, deadline)
         try:
+            sock.settimeout(_left(deadline))
             sock.sendall(line)
-            reply = _read_line(sock)
+            reply = _read_line(sock, deadline)
         except socket.timeout as exc:
             raise ControlError(f"yoloedge did not answer on {path} within {timeout:g} s") from exc
         except OSError as exc:
@@ -47,10 +52,25 @@ def request(path: str, payload: dict, timeout: float = 5.0) -> dict:
     return _decode(reply, path)
 
 
-def _connect(sock: socket.socket, path: str) -> None:
-    """Connect, translating the errors a user meets into actionable messages."""
+#: pause between connection attempts while the daemon's accept queue is full.
+CONNECT_RETRY_S = 0.02
+
+
+def _connect(sock: socket.socket, path: str, deadline: float) -> None:
+    """Connect, translating the errors a user meets into actionable messages.
+
+    A Unix socket whose accept queue is full refuses at once with EAGAIN rather than waiting;
+    a burst of other clients must not make that "cannot connect", so retry until `deadline`.
+    """
     try:
-        sock.connect(path)
+        while True:
+            try:
+                sock.connect(path)
+                return
+            except BlockingIOError:
+                if time.monotonic() + CONNECT_RETRY_S >= deadline:
+                    raise socket.timeout("accept queue full") from None
+                time.sleep(CONNECT_RETRY_S)
     except FileNotFoundError as exc:
         raise NotRunning(f"yoloedge is not running (no control socket at {path})") from exc
     except ConnectionRefusedError as exc:
@@ -65,11 +85,20 @@ def _connect(sock: socket.socket, path: str) -> None:
         raise ControlError(f"cannot connect to the yoloedge control socket {path}: {exc}") from exc
 
 
-def _read_line(sock: socket.socket) -> bytes:
-    """Read up to the first newline (the protocol's reply terminator) or EOF."""
+def _left(deadline: float) -> float:
+    """Seconds to `deadline`; socket.timeout once it has passed (settimeout(0) would not block)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise socket.timeout("deadline passed")
+    return left
+
+
+def _read_line(sock: socket.socket, deadline: float) -> bytes:
+    """Read up to the first newline (the protocol's reply terminator) or EOF, by `deadline`."""
     chunks: list[bytes] = []
     size = 0
     while True:
+        sock.settimeout(_left(deadline))
         chunk = sock.recv(65536)
         if not chunk:
             break
@@ -88,9 +117,6 @@ def _decode(reply: bytes, path: str) -> dict:
     if not reply:
         raise ControlError(f"yoloedge closed the connection on {path} without answering")
     try:
-        decoded = json.loads(reply)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return decode_object(reply, MAX_REPLY_DEPTH)
+    except MalformedMessage as exc:
         raise ControlError(f"malformed reply from yoloedge on {path}: {exc}") from exc
-    if not isinstance(decoded, dict):
-        raise ControlError(f"malformed reply from yoloedge on {path}: not a JSON object")
-    return decoded

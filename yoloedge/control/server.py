@@ -2,102 +2,164 @@
 
 A Unix stream socket rather than TCP: access is governed by the file's owner and mode
 (0660, group `yoloedge`), nothing listens on the network, and no authentication is needed.
+Anyone in the group can still connect, so every input is treated as hostile.
 
-Protocol: the client sends one JSON object per line, e.g. `{"cmd": "status"}`; the server
-answers each with one JSON line, whatever `handler(request)` returned. A line that is not a
-JSON object with a string "cmd" gets `{"ok": false, "error": "..."}`, and so does a request
-whose handler raised (the exception is logged; the server keeps serving). A client that sends
-nothing for `client_timeout_s` is disconnected, so a stuck client cannot pin a thread.
+Protocol (`control.protocol`): the client sends one JSON object per line, e.g.
+`{"cmd": "status"}`; the server answers each with one JSON line, whatever `handler(request)`
+returned. Every malformed request is answered with `{"ok": false, "error": "..."}`: not UTF-8,
+not JSON, nested too deeply, a number too long or not finite, not an object with a string
+"cmd", a handler that raised (logged; the server keeps serving). A request line longer than
+`MAX_REQUEST_BYTES`, or one not complete `client_timeout_s` after the server started waiting
+for it, is answered and the connection closed (the stream cannot be trusted past it). A client
+that has sent nothing by then is closed without a word.
+
+Design: one I/O thread multiplexes every connection with non-blocking sockets, and only a
+complete, parsed request costs a thread (at most `MAX_HANDLERS` at once; more wait their
+turn, and are answered "busy" if it does not come by their deadline). A client that dribbles
+a byte every few seconds therefore holds no thread, and the deadline covers the whole request
+(the sum of its reads and its wait for a handler), not each read. At most
+`MAX_CONNECTIONS` connections are kept; a new one evicts the connection that has waited
+longest for its request, so a crowd of slow or silent clients can delay `yoloedge-ctl` by
+nothing more than one accept. A thread per connection with per-read timeouts, as before, let
+16 slow clients take every slot. Replies are written by the I/O thread too, under the same
+deadline, so a client that never reads its reply pins nothing either.
 """
 
 from __future__ import annotations
 
-import errno
-import json
+import collections
 import logging
 import os
-import select
+import queue
+import selectors
 import socket
-import stat
 import threading
-from typing import BinaryIO, Callable
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable
 
-from ..errors import YoloedgeError
+from .instance import (AlreadyRunning, ControlServerError, InstanceLock, lock_path,
+                       remove_stale_socket)
+from .protocol import MAX_REQUEST_BYTES, MAX_REQUEST_DEPTH, MalformedMessage, decode_object, encode
+
+__all__ = ["AlreadyRunning", "ControlServer", "ControlServerError", "Handler", "MAX_CONNECTIONS",
+           "MAX_HANDLERS", "MAX_REQUEST_BYTES", "lock_path", "parse_request"]
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[dict], dict]
+Clock = Callable[[], float]
 
 DEFAULT_MODE = 0o660
-#: one request line may be at most this long; the protocol's requests are tiny.
-MAX_REQUEST_BYTES = 64 * 1024
-#: connections served at once; more are answered "busy" (a loop of `yoloedge-ctl` calls must
-#: not exhaust threads).
-MAX_CLIENTS = 16
+#: connections kept open at once; beyond it the one waiting longest for its request is dropped.
+MAX_CONNECTIONS = 64
+#: requests being handled at once (a reload waits for the main loop); more wait in line, and
+#: are answered "busy" if no handler is free by their deadline.
+MAX_HANDLERS = 4
+#: the I/O thread re-reads the clock at least this often while connections are open.
+MAX_WAIT_S = 0.25
+#: while accept() keeps failing (out of file descriptors): pause between tries, warn this often.
+ACCEPT_PAUSE_S = 0.05
+ACCEPT_WARN_EVERY_S = 10.0
+_RECV_BYTES = 65536
 
 
-class ControlServerError(YoloedgeError, OSError):
-    """The control socket cannot be created (path in use by a live daemon, not a socket, ...).
+class Phase(Enum):
+    READING = "reading"  # waiting for (the rest of) a request line
+    QUEUED = "queued"  # parsed, waiting for a free handler
+    HANDLING = "handling"  # a handler thread is computing the reply
+    WRITING = "writing"  # sending the reply
 
-    Also an OSError, like the errors of the directory creation in `start()`, so a caller can
-    treat every "no control socket" failure alike.
-    """
+
+@dataclass(eq=False)
+class _Connection:
+    sock: socket.socket
+    since: float  # when the server started waiting for the current request (or reply)
+    phase: Phase = Phase.READING
+    buffer: bytearray = field(default_factory=bytearray)
+    outbox: bytes = b""
+    eof: bool = False  # the client shut down its sending side
+    close_after: bool = False  # close once the outbox is written
+    closed: bool = False
+    request: dict | None = None  # while QUEUED
 
 
 class ControlServer:
-    """Serves `handler` on a Unix stream socket at `path`, one daemon thread per client.
+    """Serves `handler` on a Unix stream socket at `path` (see the module docstring).
 
-    `start()` and `stop()` are idempotent; `stop()` removes the socket file (if it is still
-    the one this server created).
+    `start()` and `stop()` are idempotent; `stop()` removes the socket file (if it is still the
+    one this server created) and drops open connections. `start()` raises AlreadyRunning when
+    another live process owns the path. `clock` is injectable so tests can move deadlines.
     """
 
     def __init__(self, path: str, mode: int, handler: Handler, *,
-                 client_timeout_s: float = 5.0) -> None:
+                 client_timeout_s: float = 5.0, clock: Clock = time.monotonic) -> None:
         self.path = path
         self.mode = mode
         self.handler = handler
         self.client_timeout_s = client_timeout_s
+        self.clock = clock
         self._lock = threading.Lock()
+        self._instance = InstanceLock(path)
         self._listener: socket.socket | None = None
         self._identity: tuple[int, int] | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None
         self._thread: threading.Thread | None = None
-        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        self._stopping = threading.Event()
+        self._replies: queue.SimpleQueue[tuple[_Connection, bytes]] = queue.SimpleQueue()
+        self._connections: list[_Connection] = []  # I/O thread only
+        self._in_flight = 0  # I/O thread only
+        self._accept_warned = -ACCEPT_WARN_EVERY_S  # I/O thread only
+        self._queued: collections.deque[_Connection] = collections.deque()  # I/O thread only
+        self._selector: selectors.BaseSelector | None = None
 
     @property
     def running(self) -> bool:
         return self._listener is not None
 
     def start(self) -> None:
-        """Create the parent directory, replace a stale socket file, bind, chmod, listen."""
+        """Create the parent directory, take the instance lock, replace a stale socket, bind."""
         with self._lock:
             if self._listener is not None:
                 return
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), mode=0o755, exist_ok=True)
-            _remove_stale(self.path)
-            listener = _bind(self.path, self.mode)
+            self._instance.acquire()
+            try:
+                remove_stale_socket(self.path)
+                listener = _bind(self.path, self.mode)
+            except BaseException:
+                self._instance.release()
+                raise
             info = os.stat(self.path)
             self._identity = (info.st_dev, info.st_ino)
             self._listener = listener
             self._wake = socket.socketpair()
-            self._thread = threading.Thread(target=self._accept_loop, args=(listener, self._wake[0]),
-                                            name="control-accept", daemon=True)
+            self._wake[0].setblocking(False)
+            self._stopping.clear()
+            self._replies = queue.SimpleQueue()
+            self._connections, self._in_flight = [], 0
+            self._queued.clear()
+            self._thread = threading.Thread(target=self._io_loop, args=(listener, self._wake[0]),
+                                            name="control-io", daemon=True)
             self._thread.start()
         log.info("control socket listening at %s (mode %o)", self.path, self.mode)
 
     def stop(self) -> None:
-        """Stop accepting, close the socket and remove its file; clients being served finish."""
+        """Stop serving, close the socket and remove its file, then release the instance lock."""
         with self._lock:
             listener, wake, thread = self._listener, self._wake, self._thread
             if listener is None or wake is None or thread is None:
                 return
             self._listener = self._wake = self._thread = None
-            wake[1].send(b"x")
+            self._stopping.set()
+            _poke(wake[1])
             thread.join()
             listener.close()
             wake[0].close()
             wake[1].close()
             self._unlink_own_socket()
+            self._instance.release()
 
     def __enter__(self) -> ControlServer:
         self.start()
@@ -115,116 +177,315 @@ class ControlServer:
         if (info.st_dev, info.st_ino) == self._identity:
             os.unlink(self.path)
 
-    def _accept_loop(self, listener: socket.socket, wake: socket.socket) -> None:
-        """Accept until `stop()` writes to the wake socket."""
-        while True:
-            readable, _, _ = select.select([listener, wake], [], [])
-            if wake in readable:
-                return
+    # -- the I/O thread -----------------------------------------------------------------------
+    def _io_loop(self, listener: socket.socket, wake: socket.socket) -> None:
+        """Accept, read, dispatch and write until `stop()`; one bad client never ends it."""
+        with selectors.DefaultSelector() as selector:
+            self._selector = selector
+            selector.register(listener, selectors.EVENT_READ, listener)
+            selector.register(wake, selectors.EVENT_READ, wake)
             try:
-                conn, _ = listener.accept()
+                while not self._stopping.is_set():
+                    try:
+                        self._io_round(selector, listener, wake)
+                    except Exception:  # noqa: BLE001 -- a bug here must not end `yoloedge-ctl` access
+                        log.exception("control socket: unexpected error; dropping open connections")
+                        for conn in list(self._connections):
+                            self._close(conn)
+                        self._stopping.wait(ACCEPT_PAUSE_S)  # a lasting fault must not spin
+            finally:
+                for conn in list(self._connections):
+                    self._close(conn)
+                self._selector = None
+
+    def _io_round(self, selector: selectors.BaseSelector, listener: socket.socket,
+                  wake: socket.socket) -> None:
+        ready = selector.select(self._wait_s())
+        self._collect_replies()  # first: finished handlers free their slots
+        # Connections before the listener: a request already sent is read before a burst of new
+        # connections can make room by dropping its connection.
+        for key, events in sorted(ready, key=lambda pair: pair[0].data is listener):
+            self._on_ready(key.data, events, listener, wake)
+        self._expire()
+
+    def _on_ready(self, target: object, events: int, listener: socket.socket, wake: socket.socket) -> None:
+        if target is wake:
+            _drain(wake)
+        elif target is listener:
+            for _ in range(MAX_CONNECTIONS):  # empty the backlog: a full one refuses ctl's connect
+                if not self._accept(listener):
+                    break
+        elif isinstance(target, _Connection) and not target.closed:
+            try:
+                if events & selectors.EVENT_READ and target.phase is Phase.READING:
+                    self._read(target)
+                if events & selectors.EVENT_WRITE and target.phase is Phase.WRITING:
+                    self._write(target)
             except OSError as exc:
-                log.warning("control socket accept failed: %s", exc)
-                continue
-            if not self._slots.acquire(blocking=False):
-                _reply_and_close(conn, {"ok": False, "error": "server busy, try again"})
-                continue
-            threading.Thread(target=self._serve_client, args=(conn,), name="control-client",
-                             daemon=True).start()
+                log.debug("control client connection failed: %s", exc)
+                self._close(target)
 
-    def _serve_client(self, conn: socket.socket) -> None:
-        """Answer each request line until the client closes, misbehaves or goes quiet."""
+    def _wait_s(self) -> float | None:
+        deadlines = [c.since + self.client_timeout_s for c in self._connections
+                     if c.phase is not Phase.HANDLING]
+        if not deadlines:
+            return None  # a handler's reply arrives with a poke
+        return min(MAX_WAIT_S, max(0.0, min(deadlines) - self.clock()))
+
+    def _accept(self, listener: socket.socket) -> bool:
+        """Accept one connection; False when there is none waiting (or accept failed)."""
         try:
-            with conn:
-                conn.settimeout(self.client_timeout_s)
-                with conn.makefile("rb") as reader:
-                    self._serve_lines(conn, reader)
-        except socket.timeout:
-            log.debug("control client sent nothing for %.1f s; disconnected", self.client_timeout_s)
-        except (BrokenPipeError, ConnectionResetError) as exc:
-            log.debug("control client went away: %s", exc)
-        except OSError as exc:
-            log.warning("control client connection failed: %s", exc)
-        finally:
-            self._slots.release()
+            sock, _ = listener.accept()
+        except BlockingIOError:
+            return False
+        except OSError as exc:  # EMFILE and the like: shed the oldest waiter and go on
+            now = self.clock()
+            if now - self._accept_warned >= ACCEPT_WARN_EVERY_S:
+                log.warning("control socket accept failed: %s", exc)
+                self._accept_warned = now
+            if not self._evict_oldest_reader():
+                self._stopping.wait(ACCEPT_PAUSE_S)  # the listener stays readable: do not spin
+            return False
+        sock.setblocking(False)
+        if len(self._connections) >= MAX_CONNECTIONS and not self._evict_oldest_reader():
+            _try_send(sock, _error("server busy, try again"))
+            sock.close()
+            return True
+        conn = _Connection(sock, since=self.clock())
+        self._connections.append(conn)
+        self._watch(conn)
+        return True
 
-    def _serve_lines(self, conn: socket.socket, reader: BinaryIO) -> None:
-        while True:
-            line = reader.readline(MAX_REQUEST_BYTES + 1)
-            if not line:
+    def _evict_oldest_reader(self) -> bool:
+        readers = [c for c in self._connections if c.phase is Phase.READING]
+        if not readers:
+            return False
+        oldest = min(readers, key=lambda c: c.since)
+        log.debug("control socket: %d connections open; dropping the one waiting longest",
+                  len(self._connections))
+        _try_send(oldest.sock, _error("too many connections; dropped the one waiting longest"))
+        self._close(oldest)
+        return True
+
+    def _read(self, conn: _Connection) -> None:
+        try:
+            data = conn.sock.recv(_RECV_BYTES)
+        except BlockingIOError:
+            return
+        if data:
+            conn.buffer += data
+        else:
+            conn.eof = True
+        self._next_request(conn)
+
+    def _next_request(self, conn: _Connection) -> None:
+        """Dispatch the next complete line in the buffer, if any, else keep reading (or close)."""
+        while conn.phase is Phase.READING and not conn.closed:
+            newline = conn.buffer.find(b"\n", 0, MAX_REQUEST_BYTES + 1)
+            if newline < 0 and len(conn.buffer) > MAX_REQUEST_BYTES or newline > MAX_REQUEST_BYTES:
+                self._reply(conn, _error(f"request longer than {MAX_REQUEST_BYTES} bytes"), close=True)
                 return
-            if len(line) > MAX_REQUEST_BYTES:
-                _send(conn, {"ok": False, "error": f"request longer than {MAX_REQUEST_BYTES} bytes"})
+            if newline < 0:
+                if conn.eof:  # a last request without its newline is still a request
+                    line = bytes(conn.buffer)
+                    conn.buffer.clear()
+                    if line.strip():
+                        self._dispatch(conn, line, close=True)
+                    else:
+                        self._close(conn)
                 return
+            line = bytes(conn.buffer[:newline])
+            del conn.buffer[:newline + 1]
             if line.strip():
-                _send(conn, self._answer(line))
+                self._dispatch(conn, line, close=False)
 
-    def _answer(self, line: bytes) -> dict:
-        """The reply to one request line; never raises."""
+    def _dispatch(self, conn: _Connection, line: bytes, close: bool) -> None:
         request, error = parse_request(line)
         if request is None:
-            return {"ok": False, "error": error}
+            self._reply(conn, _error(error), close=close)
+            return
+        conn.close_after = close
+        if self._in_flight >= MAX_HANDLERS:
+            conn.phase, conn.request = Phase.QUEUED, request
+            self._watch(conn)
+            self._queued.append(conn)
+            return
+        self._start_handler(conn, request)
+
+    def _start_handler(self, conn: _Connection, request: dict) -> None:
+        self._in_flight += 1
+        conn.phase = Phase.HANDLING
+        self._watch(conn)
+        wake = self._wake
+        threading.Thread(target=self._handle, args=(conn, request, self._replies, wake and wake[1]),
+                         name="control-handler", daemon=True).start()
+
+    def _handle(self, conn: _Connection, request: dict,
+                replies: queue.SimpleQueue[tuple[_Connection, bytes]], wake: socket.socket | None) -> None:
+        """Handler thread: compute the reply and hand it to the I/O thread that started it."""
+        data = b""
+        try:
+            data = encode(self._answer(request))
+        except (TypeError, ValueError) as exc:
+            log.error("control request %r: reply is not JSON: %s", request.get("cmd"), exc)
+            data = encode(_error(f"internal error: reply is not JSON: {exc}"))
+        finally:
+            replies.put((conn, data))
+            if wake is not None:
+                _poke(wake)
+
+    def _answer(self, request: dict) -> dict:
+        """The reply to one request; never raises."""
         try:
             reply = self.handler(request)
             if not isinstance(reply, dict):
                 raise TypeError(f"handler returned {type(reply).__name__}, not a dict")
-            json.dumps(reply)
         except Exception as exc:  # noqa: BLE001 -- one bad request must not kill the server
             log.exception("control request %r failed", request.get("cmd"))
-            return {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}"}
+            return _error(f"internal error: {type(exc).__name__}: {exc}")
         return reply
+
+    def _collect_replies(self) -> None:
+        while True:
+            try:
+                conn, data = self._replies.get_nowait()
+            except queue.Empty:
+                return
+            self._in_flight -= 1
+            if not conn.closed:
+                self._send(conn, data, close=conn.close_after)
+            self._start_queued()
+
+    def _start_queued(self) -> None:
+        while self._queued and self._in_flight < MAX_HANDLERS:
+            conn = self._queued.popleft()
+            request, conn.request = conn.request, None
+            if not conn.closed and conn.phase is Phase.QUEUED and request is not None:
+                self._start_handler(conn, request)
+
+    def _reply(self, conn: _Connection, reply: dict, close: bool) -> None:
+        self._send(conn, encode(reply), close)
+
+    def _send(self, conn: _Connection, data: bytes, close: bool) -> None:
+        conn.phase = Phase.WRITING
+        conn.outbox = data
+        conn.close_after = close
+        conn.since = self.clock()
+        self._watch(conn)
+        self._write(conn)
+
+    def _write(self, conn: _Connection) -> None:
+        try:
+            sent = conn.sock.send(conn.outbox)
+        except BlockingIOError:
+            return
+        except OSError as exc:  # the client went away without reading: nothing to tell it
+            log.debug("control client went away before its reply: %s", exc)
+            self._close(conn)
+            return
+        conn.outbox = conn.outbox[sent:]
+        if conn.outbox:
+            return
+        if conn.close_after:
+            self._close(conn)
+            return
+        conn.phase = Phase.READING
+        conn.since = self.clock()
+        self._watch(conn)
+        self._next_request(conn)
+
+    def _expire(self) -> None:
+        """Apply the per-request deadline: answer a partial request, drop everything else."""
+        now = self.clock()
+        for conn in list(self._connections):
+            if conn.phase is Phase.HANDLING or now - conn.since < self.client_timeout_s:
+                continue
+            if conn.phase is Phase.QUEUED:
+                self._queued.remove(conn)
+                conn.request = None
+                self._reply(conn, _error("server busy, try again"), close=conn.close_after)
+            elif conn.phase is Phase.READING and conn.buffer.strip():
+                log.debug("control client did not finish its request in %.1f s", self.client_timeout_s)
+                self._reply(conn, _error(f"request not complete within {self.client_timeout_s:g} s"),
+                            close=True)
+            else:
+                log.debug("control client idle for %.1f s (%s); disconnected",
+                          self.client_timeout_s, conn.phase.value)
+                self._close(conn)
+
+    def _watch(self, conn: _Connection) -> None:
+        """Register the events the connection's phase waits for (none while handling)."""
+        selector = self._selector
+        if selector is None or conn.closed:
+            return
+        wanted = {Phase.READING: selectors.EVENT_READ, Phase.WRITING: selectors.EVENT_WRITE}.get(conn.phase, 0)
+        try:
+            registered = selector.get_key(conn.sock).events
+        except KeyError:
+            registered = 0
+        if wanted == registered:
+            return
+        if not wanted:
+            selector.unregister(conn.sock)
+        elif registered:
+            selector.modify(conn.sock, wanted, conn)
+        else:
+            selector.register(conn.sock, wanted, conn)
+
+    def _close(self, conn: _Connection) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        if conn.phase is Phase.QUEUED:
+            self._queued.remove(conn)
+        if self._selector is not None:
+            try:
+                self._selector.unregister(conn.sock)
+            except (KeyError, ValueError):
+                pass  # not registered while handling, or already detached
+        conn.sock.close()
+        if conn in self._connections:
+            self._connections.remove(conn)
 
 
 def parse_request(line: bytes) -> tuple[dict | None, str]:
     """(request, "") for a well-formed line, else (None, why it was rejected)."""
     try:
-        request = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return None, f"malformed request: not JSON ({exc})"
-    if not isinstance(request, dict):
-        return None, "malformed request: expected a JSON object"
+        request = decode_object(line, MAX_REQUEST_DEPTH)
+    except MalformedMessage as exc:
+        return None, f"malformed request: {exc}"
     if not isinstance(request.get("cmd"), str):
         return None, 'malformed request: missing "cmd" string'
     return request, ""
 
 
-def _send(conn: socket.socket, reply: dict) -> None:
-    conn.sendall(json.dumps(reply).encode("utf-8") + b"\n")
+def _error(text: str) -> dict:
+    return {"ok": False, "error": text}
 
 
-def _reply_and_close(conn: socket.socket, reply: dict) -> None:
-    """Best effort: the client may already be gone, which is fine for a rejection."""
-    with conn:
-        try:
-            conn.settimeout(1.0)
-            _send(conn, reply)
-        except OSError as exc:
-            log.debug("could not send rejection to control client: %s", exc)
-
-
-def _remove_stale(path: str) -> None:
-    """Remove a socket file left by a crashed daemon, but never a live daemon's or a non-socket."""
+def _try_send(sock: socket.socket, reply: dict) -> None:
+    """Best effort, never blocking: the client may be gone or not reading, which is its loss."""
     try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(info.st_mode):
-        raise ControlServerError(f"control socket path {path} exists and is not a socket")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.settimeout(1.0)
-        probe.connect(path)
-    except ConnectionRefusedError:
-        log.info("removing stale control socket %s", path)
-        os.unlink(path)
-        return
+        sock.send(encode(reply))
     except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            raise ControlServerError(f"cannot check existing control socket {path}: {exc}") from exc
+        log.debug("could not send a rejection to a control client: %s", exc)
+
+
+def _poke(sock: socket.socket) -> None:
+    try:
+        sock.send(b"x")
+    except BlockingIOError:
+        pass  # the wake socket is full: the I/O thread is already due to wake
+    except OSError as exc:
+        log.debug("control socket wake-up failed: %s", exc)
+
+
+def _drain(sock: socket.socket) -> None:
+    try:
+        while sock.recv(4096):
+            pass
+    except BlockingIOError:
         return
-    finally:
-        probe.close()
-    raise ControlServerError(f"control socket {path} is in use: is another yoloedge running?")
 
 
 def _bind(path: str, mode: int) -> socket.socket:
@@ -237,7 +498,8 @@ def _bind(path: str, mode: int) -> socket.socket:
         raise ControlServerError(f"cannot bind control socket {path}: {exc}") from exc
     try:
         os.chmod(path, mode)
-        listener.listen(MAX_CLIENTS)
+        listener.listen(MAX_CONNECTIONS)
+        listener.setblocking(False)
     except OSError as exc:
         listener.close()
         os.unlink(path)

@@ -1,0 +1,584 @@
+"""Hostile clients on the control socket: every malformed request answered, no thread traceback,
+slow or silent clients unable to lock `yoloedge-ctl` out. Against the server directly (with an
+injected clock where a deadline matters) and against the real daemon's socket."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon_harness import REPO, Daemon, NotifySocket, write_config
+from yoloedge import demo
+from yoloedge.control import protocol
+from yoloedge.control.client import ControlError, request
+from yoloedge.control.server import MAX_CONNECTIONS, MAX_HANDLERS, MAX_REQUEST_BYTES, ControlServer
+
+#: (name, request bytes): each must get one `{"ok": false, "error": ...}` reply.
+HOSTILE = [
+    ("array 100k deep", b"[" * 100_000 + b"\n"),  # over the size limit
+    ("array 60k deep", b"[" * 60_000 + b"\n"),  # under it: the depth limit answers
+    ("object 10k deep", b'{"a":' * 10_000 + b"1" + b"}" * 10_000 + b"\n"),
+    ("deep inside a valid request", b'{"cmd": "status", "x": ' + b"[" * 30_000 + b"]" * 30_000 + b"}\n"),
+    ("just too deep", b'{"cmd": "status", "x": ' + b"[" * 8 + b"]" * 8 + b"}\n"),
+    ("5000-digit integer", b'{"cmd": "status", "n": ' + b"7" * 5000 + b"}\n"),
+    ("5000-digit negative integer", b'{"cmd": "status", "n": -' + b"9" * 5000 + b"}\n"),
+    ("5000-digit fraction", b'{"cmd": "status", "n": 0.' + b"3" * 5000 + b"}\n"),
+    ("overflowing float", b'{"cmd": "status", "n": 1e999}\n'),
+    ("NaN", b'{"cmd": "status", "n": NaN}\n'),
+    ("Infinity", b'{"cmd": "status", "n": -Infinity}\n'),
+    ("invalid UTF-8", b'{"cmd": "st\xffatus"}\n'),
+    ("UTF-16", '{"cmd": "status"}'.encode("utf-16") + b"\n"),
+    ("overlong UTF-8 encoding", b'{"cmd": "\xc0\xafstatus"}\n'),
+    ("not JSON", b"status please\n"),
+    ("truncated JSON", b'{"cmd": "stat\n'),
+    ("array", b'["status"]\n'),
+    ("number", b"42\n"),
+    ("cmd not a string", b'{"cmd": ["status"]}\n'),
+    ("no cmd", b'{"command": "status"}\n'),
+    ("NUL bytes", b'{"cmd": "status"}\x00\x00\n'),
+]
+
+
+class Handler:
+    """Stands in for the daemon: status is small, `big` is a reply a client may never read."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.release = threading.Event()
+
+    def __call__(self, req: dict) -> dict:
+        self.requests.append(req)
+        if req["cmd"] == "status":
+            return {"ok": True, "state": "running"}
+        if req["cmd"] == "big":
+            return {"ok": True, "blob": "x" * (8 * 1024 * 1024)}
+        if req["cmd"] == "nan":
+            return {"ok": True, "rate": float("nan"), "rates": [1.5, float("inf")]}
+        if req["cmd"] == "wait":
+            self.release.wait(10)
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown command {req['cmd']!r}"}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def sock_dir():
+    path = tempfile.mkdtemp(prefix="ye-", dir="/tmp")  # AF_UNIX paths must stay short
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def thread_crashes(monkeypatch):
+    """Every exception that escapes a thread (what used to print a thread traceback)."""
+    crashes: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", crashes.append)
+    return crashes
+
+
+@pytest.fixture
+def handler():
+    h = Handler()
+    yield h
+    h.release.set()
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def server(sock_dir, handler, clock, thread_crashes, caplog):
+    caplog.set_level(logging.DEBUG, logger="yoloedge.control")
+    srv = ControlServer(os.path.join(sock_dir, "control.sock"), 0o660, handler, client_timeout_s=5.0,
+                        clock=clock)
+    srv.start()
+    yield srv
+    srv.stop()
+    assert not thread_crashes, [str(c.exc_value) for c in thread_crashes]
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+def connect(path: str, timeout: float = 5.0) -> socket.socket:
+    """Connected, waiting for room in the accept queue (a Unix socket refuses at once when full)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sock.connect(path)
+            return sock
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Until the server closes (or the socket's timeout, which then fails the test).
+
+    A server that closes with our unread bytes in its queue resets the connection after the
+    data it sent: that is its close too.
+    """
+    received = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return received
+        if not chunk:
+            return received
+        received += chunk
+
+
+def replies(data: bytes) -> list[dict]:
+    return [json.loads(line) for line in data.splitlines()]
+
+
+def exchange(path: str, data: bytes) -> list[dict]:
+    with connect(path) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        return replies(read_all(sock))
+
+
+def still_serving(path: str) -> bool:
+    return request(path, {"cmd": "status"}, timeout=5.0) == {"ok": True, "state": "running"}
+
+
+# --- malformed requests -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data", [d for _, d in HOSTILE], ids=[n for n, _ in HOSTILE])
+def test_every_malformed_request_gets_an_error_reply(server, handler, data):
+    got = exchange(server.path, data)
+    assert len(got) == 1 and got[0]["ok"] is False, got
+    expected = "malformed request" if len(data) <= MAX_REQUEST_BYTES else "request longer than"
+    assert got[0]["error"].startswith(expected), got
+    assert handler.requests == []
+    assert still_serving(server.path)
+
+
+def test_a_malformed_request_is_answered_even_when_the_client_keeps_the_connection_open(server):
+    with connect(server.path) as sock:
+        sock.sendall(b"[" * 60_000 + b"\n")
+        reply = json.loads(sock.makefile("rb").readline())
+    assert reply["ok"] is False and "nested" in reply["error"]
+
+
+def test_huge_request_without_newline_is_answered_then_closed(server, handler):
+    with connect(server.path) as sock:
+        try:
+            sock.sendall(b'{"cmd": "' + b"a" * (MAX_REQUEST_BYTES * 4))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server may hang up while we are still sending; its reply is already queued
+        got = replies(read_all(sock))
+    assert got == [{"ok": False, "error": f"request longer than {MAX_REQUEST_BYTES} bytes"}]
+    assert handler.requests == []
+    assert still_serving(server.path)
+
+
+def test_a_request_just_under_the_limit_is_served(server, handler):
+    padding = MAX_REQUEST_BYTES - 40
+    got = exchange(server.path, b'{"cmd": "status", "pad": "' + b"p" * padding + b'"}\n')
+    assert got == [{"ok": True, "state": "running"}]
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting(server, handler):
+    got = exchange(server.path, b'{"cmd": "status", "x": "' + b"[{" * 5000 + b'\\"]]"}\n')
+    assert got == [{"ok": True, "state": "running"}]
+
+
+def test_lone_surrogate_in_cmd_is_answered_in_valid_json(server):
+    got = exchange(server.path, b'{"cmd": "\\ud800"}\n')
+    assert got[0]["ok"] is False and "unknown command" in got[0]["error"]
+
+
+def test_non_finite_numbers_in_a_reply_go_out_as_null(server):
+    """JSON has no NaN: `yoloedge-ctl` must still get a status whose rate is momentarily undefined."""
+    assert request(server.path, {"cmd": "nan"}) == {"ok": True, "rate": None, "rates": [1.5, None]}
+
+
+def test_good_lines_after_a_bad_one_on_the_same_connection_are_served(server):
+    got = exchange(server.path, b'{"cmd": NaN}\n{"cmd": "status"}\n{"cmd": "status"}')
+    assert [r["ok"] for r in got] == [False, True, True]
+
+
+# --- deadlines (injected clock) -----------------------------------------------------------------
+
+
+def test_the_deadline_covers_the_whole_request_not_each_read(server, clock):
+    with connect(server.path) as sock:
+        sock.sendall(b'{"cmd":')
+        for _ in range(10):  # a byte at a time: each read succeeds, the request never completes
+            sock.sendall(b" ")
+            time.sleep(0.02)
+        clock.now += 4.9
+        sock.sendall(b" ")
+        sock.settimeout(0.6)  # > the I/O thread's longest sleep: it has looked at the clock
+        with pytest.raises(socket.timeout):
+            sock.recv(1)  # not cut off before the deadline
+        clock.now += 0.2
+        sock.settimeout(5.0)
+        sock.sendall(b" ")
+        got = replies(read_all(sock))
+    assert got == [{"ok": False, "error": "request not complete within 5 s"}]
+    assert still_serving(server.path)
+
+
+def test_a_client_that_connects_and_never_sends_is_closed_without_a_reply(server, clock):
+    with connect(server.path) as sock:
+        sock.settimeout(0.5)
+        for _ in range(10):  # until the server has accepted it: its deadline runs from then
+            clock.now += 5.1
+            try:
+                assert sock.recv(1) == b""
+                return
+            except socket.timeout:
+                continue
+    pytest.fail("a silent client was never disconnected")
+
+
+def test_the_deadline_restarts_for_each_request_on_a_connection(server, clock):
+    with connect(server.path) as sock:
+        reader = sock.makefile("rb")
+        for _ in range(3):
+            clock.now += 4.0
+            sock.sendall(b'{"cmd": "status"}\n')
+            assert json.loads(reader.readline())["ok"] is True
+
+
+def test_a_client_that_never_reads_its_reply_is_dropped_and_pins_nothing(server, clock):
+    with connect(server.path) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(b'{"cmd": "big"}\n')
+        time.sleep(0.3)
+        assert still_serving(server.path)  # while the 8 MB reply is stuck
+        clock.now += 5.1
+        time.sleep(0.6)
+        sock.settimeout(5.0)
+        received = read_all(sock)
+    assert len(received) < 8 * 1024 * 1024, "the server gave up on the reply"
+    assert still_serving(server.path)
+
+
+# --- many and slow clients ------------------------------------------------------------------------
+
+
+def test_many_slow_clients_cannot_lock_ctl_out(server):
+    slow = [connect(server.path) for _ in range(MAX_CONNECTIONS + 16)]
+    try:
+        for round_ in range(3):
+            for sock in slow:
+                try:
+                    sock.send(b'{"cmd": "status"'[round_:round_ + 1])
+                except OSError:
+                    pass  # dropped to make room: expected for the oldest ones
+            result = subprocess.run([sys.executable, "-m", "yoloedge.cli.ctl", "--socket", server.path,
+                                     "--timeout", "5", "status", "--json"],
+                                    cwd=REPO, capture_output=True, text=True, timeout=30)
+            assert result.returncode in (0, 1), result.stderr  # answered (1: the canned status has no daemon)
+            assert json.loads(result.stdout)["state"] == "running"
+    finally:
+        for sock in slow:
+            sock.close()
+
+
+def test_a_flood_of_connections_cannot_lock_ctl_out(server):
+    stop = threading.Event()
+    opened: list[socket.socket] = []
+
+    def flood() -> None:
+        while not stop.is_set():
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                sock.connect(server.path)
+            except OSError:
+                sock.close()
+                continue
+            opened.append(sock)
+            if len(opened) > 4 * MAX_CONNECTIONS:
+                opened.pop(0).close()
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        for _ in range(5):
+            assert request(server.path, {"cmd": "status"}, timeout=5.0) == {"ok": True, "state": "running"}
+    finally:
+        stop.set()
+        flooder.join(5)
+        for sock in opened:
+            sock.close()
+
+
+def test_the_oldest_waiting_connection_is_dropped_first(server):
+    first = connect(server.path)
+    first.sendall(b"{")
+    time.sleep(0.1)
+    others = [connect(server.path) for _ in range(MAX_CONNECTIONS)]
+    try:
+        first.settimeout(5.0)
+        got = replies(read_all(first))
+        assert got and got[0]["ok"] is False and "too many connections" in got[0]["error"]
+        assert still_serving(server.path)
+    finally:
+        first.close()
+        for sock in others:
+            sock.close()
+
+
+def wait_for(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_handlers_are_bounded_requests_wait_their_turn_until_their_deadline(server, handler, clock):
+    waiting = [connect(server.path) for _ in range(MAX_HANDLERS)]
+    try:
+        for sock in waiting:
+            sock.sendall(b'{"cmd": "wait"}\n')
+        wait_for(lambda: len(handler.requests) == MAX_HANDLERS)
+        with connect(server.path) as late:
+            late.sendall(b'{"cmd": "status"}\n')
+            time.sleep(0.3)
+            assert len(handler.requests) == MAX_HANDLERS, "no fifth handler"
+            clock.now += 5.1
+            assert json.loads(late.makefile("rb").readline()) == {"ok": False, "error": "server busy, try again"}
+        with connect(server.path) as later:
+            later.sendall(b'{"cmd": "status"}\n')  # queued, then served as soon as a handler is free
+            time.sleep(0.3)
+            handler.release.set()
+            assert json.loads(later.makefile("rb").readline()) == {"ok": True, "state": "running"}
+        for sock in waiting:
+            assert json.loads(sock.makefile("rb").readline()) == {"ok": True}
+        assert still_serving(server.path)
+    finally:
+        for sock in waiting:
+            sock.close()
+
+
+OUT_OF_FDS = """
+import os, resource, socket, sys, tempfile, time
+from yoloedge.control.server import ControlServer
+from yoloedge.control.client import request
+server = ControlServer(os.path.join(sys.argv[1], "c.sock"), 0o660, lambda r: {"ok": True}, client_timeout_s=1.0)
+server.start()
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 40, hard))
+clients = []
+while True:
+    try:
+        sock = socket.socket(socket.AF_UNIX)
+    except OSError:
+        break
+    sock.setblocking(False)
+    try:
+        sock.connect(server.path)
+        clients.append(sock)
+    except OSError:
+        sock.close()
+        break
+for sock in clients[:3]:  # room for the server's accept() to fail rather than this process
+    sock.close()
+time.sleep(0.5)
+started = time.process_time()
+time.sleep(1.0)
+print("cpu", time.process_time() - started)
+for sock in clients[3:]:
+    sock.close()
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+print("reply", request(server.path, {"cmd": "status"})["ok"])
+server.stop()
+"""
+
+
+def test_out_of_file_descriptors_neither_spins_nor_kills_the_server(sock_dir):
+    result = subprocess.run([sys.executable, "-c", OUT_OF_FDS, sock_dir], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert float(lines["cpu"]) < 0.5, "the I/O thread spun on a failing accept()"
+    assert lines["reply"] == "True"
+    assert result.stderr.count("Too many open files") <= 1, "warned once, not per attempt"
+
+
+# --- half-closed and vanished clients --------------------------------------------------------------
+
+
+def test_request_without_newline_then_half_close_is_answered(server):
+    assert exchange(server.path, b'{"cmd": "status"}') == [{"ok": True, "state": "running"}]
+
+
+def test_half_close_without_a_request_is_just_closed(server):
+    assert exchange(server.path, b"") == []
+    assert exchange(server.path, b"  \n\n") == []
+
+
+def test_a_client_that_vanishes_before_its_reply_does_not_hurt(server, handler):
+    for _ in range(20):
+        with connect(server.path) as sock:
+            sock.sendall(b'{"cmd": "status"}\n')
+    with connect(server.path) as sock:
+        sock.sendall(b'{"cmd": "status"}\n')
+        sock.shutdown(socket.SHUT_RD)
+    assert still_serving(server.path)
+
+
+# --- the client side -------------------------------------------------------------------------------
+
+
+def dribbling_server(path: str, reply: bytes, every_s: float, stop: threading.Event) -> threading.Thread:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(1024)
+                for byte in reply:
+                    if stop.wait(every_s):
+                        return
+                    try:
+                        conn.send(bytes([byte]))
+                    except OSError:
+                        return
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_client_deadline_covers_the_whole_reply(sock_dir):
+    """A daemon answering a byte every 50 ms would keep a per-read timeout waiting forever."""
+    stop = threading.Event()
+    path = os.path.join(sock_dir, "slow.sock")
+    reply = json.dumps({"ok": True, "pad": " " * 200}).encode() + b"\n"  # 10 s at this pace
+    thread = dribbling_server(path, reply, 0.05, stop)
+    try:
+        with pytest.raises(ControlError, match="did not answer"):
+            request(path, {"cmd": "status"}, timeout=0.5)
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+@pytest.mark.parametrize("reply", [b"[" * 100_000 + b"\n", b'{"n": ' + b"1" * 5000 + b"}\n",
+                                   b'{"n": NaN}\n', b"\xff\xfe\n", b"[1]\n"])
+def test_client_rejects_a_hostile_reply_with_a_control_error(sock_dir, reply):
+    path = os.path.join(sock_dir, "evil.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen(1)
+
+        def answer() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(1024)
+                conn.sendall(reply)
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        with pytest.raises(ControlError, match="malformed reply"):
+            request(path, {"cmd": "status"}, timeout=5)
+        thread.join(5)
+
+
+def test_nesting_depth_scan():
+    assert protocol.nesting_depth('{"a": [1, {"b": []}]}') == 4
+    assert protocol.nesting_depth('{"a": "[[[[{{{{\\"]]]"}') == 1
+    assert protocol.nesting_depth("]]]][[") == 2
+    started = time.perf_counter()
+    for hostile in ('"' * MAX_REQUEST_BYTES, '"\\' * (MAX_REQUEST_BYTES // 2), '"a\\' * 20000 + "\\",
+                    '["\\"' * 20000):
+        protocol.nesting_depth(hostile)
+    assert time.perf_counter() - started < 2.0, "the scan is linear, not backtracking"  # 20 s if quadratic
+
+
+# --- the real daemon ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def real_daemon(tmp_path, mosquitto):
+    run_dir = Path(tempfile.mkdtemp(prefix="ye-", dir="/tmp"))
+    notify = NotifySocket(tmp_path / "notify.sock")
+    config = {
+        "device_id": "hard1",
+        "model": {"path": str(demo.MODEL)},
+        "accelerators": [{"backend": "onnxruntime", "provider": "cpu", "devices": [0], "batch": 1}],
+        "cameras": [],
+        "mqtt": {"host": mosquitto.host, "port": mosquitto.port, "topic_prefix": "yt"},
+        "control": {"socket": str(run_dir / "control.sock")},
+        "shutdown_timeout_s": 5,
+    }
+    daemon = Daemon(write_config(tmp_path / "yoloedge.yaml", config), notify)
+    try:
+        notify.wait_for("READY", "1", timeout=60)
+        yield daemon, config["control"]["socket"]
+    finally:
+        daemon.kill()
+        notify.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def ctl_status(path: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "yoloedge.cli.ctl", "--socket", path, "status", "--json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=30)
+
+
+def test_real_daemon_answers_every_hostile_request_and_survives(real_daemon):
+    daemon, path = real_daemon
+    for name, data in HOSTILE:
+        got = exchange(path, data)
+        assert len(got) == 1 and got[0]["ok"] is False, (name, got)
+    with connect(path) as sock:
+        try:
+            sock.sendall(b"x" * (MAX_REQUEST_BYTES * 2))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        assert "longer than" in replies(read_all(sock))[0]["error"]
+    silent = connect(path)
+    half = connect(path)
+    half.shutdown(socket.SHUT_WR)
+    slow = [connect(path) for _ in range(24)]
+    try:
+        for round_ in range(3):
+            for sock in slow:
+                try:
+                    sock.send(b"{"[:1] if round_ == 0 else b" ")
+                except OSError:
+                    pass
+            result = ctl_status(path)
+            assert result.returncode in (0, 1), result.stdout + result.stderr
+            assert json.loads(result.stdout)["daemon"]["state"] == "running"
+            time.sleep(1.0)
+    finally:
+        for sock in [silent, half, *slow]:
+            sock.close()
+    assert daemon.proc.poll() is None, daemon.log
+    assert daemon.stop(timeout=30) == 0, daemon.log
+    assert "Traceback" not in daemon.log and "Exception in thread" not in daemon.log, daemon.log

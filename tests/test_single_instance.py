@@ -1,0 +1,156 @@
+"""One daemon per control socket: a second one refuses to start (exit 73, naming the first's pid)
+before it touches MQTT or a device, also when both start at the same instant; a crashed daemon's
+socket and lock file do not block the next one. Real daemons, real mosquitto."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon_harness import Daemon, NotifySocket, status, write_config
+from yoloedge import demo
+from yoloedge.control.instance import AlreadyRunning, InstanceLock, lock_path
+from yoloedge.control.server import ControlServer
+from yoloedge.daemon import EXIT_ALREADY_RUNNING
+
+PREFIX = "si"
+
+
+@pytest.fixture
+def run_dir():
+    path = Path(tempfile.mkdtemp(prefix="ye-", dir="/tmp"))  # AF_UNIX paths must stay short
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def config(tmp_path, run_dir, mosquitto) -> Path:
+    return write_config(tmp_path / "yoloedge.yaml", {
+        "device_id": "one",
+        "model": {"path": str(demo.MODEL)},
+        "accelerators": [{"backend": "onnxruntime", "provider": "cpu", "devices": [0], "batch": 1}],
+        "cameras": [],
+        "mqtt": {"host": mosquitto.host, "port": mosquitto.port, "topic_prefix": PREFIX},
+        "control": {"socket": str(run_dir / "control.sock")},
+        "shutdown_timeout_s": 5,
+    })
+
+
+@pytest.fixture
+def daemons(tmp_path):
+    notify = NotifySocket(tmp_path / "notify.sock")
+    started: list[Daemon] = []
+
+    def start(config: Path) -> Daemon:
+        daemon = Daemon(config, notify)
+        started.append(daemon)
+        return daemon
+
+    start.notify = notify  # type: ignore[attr-defined]
+    yield start
+    for daemon in started:
+        daemon.kill()
+    notify.close()
+
+
+def wait_exit(daemon: Daemon, timeout: float = 60.0) -> int:
+    return daemon.proc.wait(timeout)
+
+
+def refusal(socket_path: str, pid: int) -> str:
+    return f"another yoloedge is running with control socket {socket_path} (pid {pid})"
+
+
+def statuses(subscriber) -> list[str]:
+    return [p["state"] for p in subscriber.payloads(f"{PREFIX}/one/status")]
+
+
+def test_a_second_daemon_refuses_to_start_before_touching_mqtt(config, run_dir, daemons, subscriber):
+    first = daemons(config)
+    daemons.notify.wait_for("READY", "1", timeout=60)
+    assert subscriber.wait_for(lambda ms: "online" in statuses(subscriber), 10)
+    second = daemons(config)
+    assert wait_exit(second) == EXIT_ALREADY_RUNNING, second.log
+    assert refusal(str(run_dir / "control.sock"), first.proc.pid) in second.log
+    assert "MQTT" not in second.log and "loaded" not in second.log, second.log  # no broker, no model
+    time.sleep(1.0)
+    assert statuses(subscriber) == ["online"], "the first daemon's MQTT session was never disturbed"
+    assert first.proc.poll() is None
+    assert status(str(run_dir / "control.sock"))["daemon"]["pid"] == first.proc.pid
+    assert first.stop() == 0, first.log
+
+
+def test_two_daemons_started_at_the_same_instant_one_runs(config, run_dir, daemons):
+    pair = [daemons(config), daemons(config)]
+    deadline = time.monotonic() + 60
+    while all(d.proc.poll() is None for d in pair) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    losers = [d for d in pair if d.proc.poll() is not None]
+    assert len(losers) == 1, [d.log for d in pair]
+    loser, winner = losers[0], next(d for d in pair if d is not losers[0])
+    assert loser.proc.returncode == EXIT_ALREADY_RUNNING, loser.log
+    assert refusal(str(run_dir / "control.sock"), winner.proc.pid) in loser.log, loser.log
+    daemons.notify.wait_for("READY", "1", timeout=60)
+    assert status(str(run_dir / "control.sock"))["daemon"]["pid"] == winner.proc.pid
+    assert winner.stop() == 0, winner.log
+
+
+def test_a_crashed_daemons_socket_and_lock_do_not_block_the_next(config, run_dir, daemons):
+    crashed = daemons(config)
+    daemons.notify.wait_for("READY", "1", timeout=60)
+    crashed.proc.send_signal(signal.SIGKILL)
+    crashed.proc.wait(10)
+    assert (run_dir / "control.sock").exists() and (run_dir / "control.sock.lock").exists()
+    following = daemons(config)
+    daemons.notify.wait_for("READY", "1", timeout=60, count=2)
+    assert status(str(run_dir / "control.sock"))["daemon"]["pid"] == following.proc.pid
+    assert "removing stale control socket" in following.log
+    assert following.stop() == 0, following.log
+
+
+# --- the parts, in process -----------------------------------------------------------------------
+
+
+def test_lock_held_before_the_socket_exists_refuses_with_the_holders_pid(run_dir):
+    path = str(run_dir / "control.sock")
+    held = InstanceLock(path)
+    held.acquire()
+    try:
+        with pytest.raises(AlreadyRunning) as raised:
+            ControlServer(path, 0o660, lambda r: {"ok": True}).start()
+        assert raised.value.pid == os.getpid() and path in str(raised.value)
+        assert not os.path.exists(path), "the loser created nothing"
+    finally:
+        held.release()
+    with ControlServer(path, 0o660, lambda r: {"ok": True}):
+        assert open(lock_path(path)).read().strip() == str(os.getpid())
+
+
+def test_a_live_socket_without_a_lock_refuses_with_the_peers_pid(run_dir):
+    """An older daemon holds no lock file: its socket still answers, and SO_PEERCRED names it."""
+    path = str(run_dir / "control.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as older:
+        older.bind(path)
+        older.listen(1)
+        with pytest.raises(AlreadyRunning) as raised:
+            ControlServer(path, 0o660, lambda r: {"ok": True}).start()
+    assert raised.value.pid == os.getpid()
+    assert os.path.exists(path), "a live daemon's socket is never removed"
+
+
+def test_stop_releases_the_lock_for_a_restart(run_dir):
+    path = str(run_dir / "control.sock")
+    server = ControlServer(path, 0o660, lambda r: {"ok": True})
+    server.start()
+    server.stop()
+    again = InstanceLock(path)
+    again.acquire()
+    again.release()
+    assert sorted(os.listdir(run_dir)) == ["control.sock.lock"]
