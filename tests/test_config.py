@@ -4,6 +4,7 @@ and every kind of mistake is reported with its file:line, key path and a clear m
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,8 @@ from yoloedge.config.schema import (AcceleratorConfig, CameraConfig, Config, Con
                                     LoggingConfig, MqttConfig, TlsConfig)
 from yoloedge.errors import YoloedgeError
 from yoloedge.redact import redact, redact_url
+
+from tls_files import make_tls_files
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "etc" / "yoloedge" / "yoloedge.yaml"
@@ -214,7 +217,7 @@ def test_model_settings(tmp_path, model):
 
 
 def test_tls_true_means_system_cas_and_files_are_resolved(tmp_path, model):
-    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    shutil.copy(make_tls_files(tmp_path / "tls").cert, tmp_path / "ca.pem")
     base = f"device_id: e\nmodel: {{path: {model}}}\n"
     assert load(write(tmp_path, base + "mqtt: {tls: true, port: 8883}")).mqtt.tls == TlsConfig()
     assert load(write(tmp_path, base + "mqtt: {tls: false}")).mqtt.tls is None
@@ -524,7 +527,7 @@ def test_secrets_never_appear_in_messages(tmp_path, model):
     text = str(err) + repr(err.issues)
     for secret in ("hunter2", "hunter3", "hunter4"):
         assert secret not in text
-    assert f"{path}:5: cameras[0].url: 'rtmp://admin:***@cam.local/live' is not allowed" in text
+    assert f"{path}:5: cameras[0].url: 'rtmp://***@cam.local/live' is not allowed" in text
     assert f"{path}:10: mqtt.password: *** is not allowed: must be a string" in text
 
 
@@ -536,8 +539,8 @@ def test_issue_format():
 
 
 def test_redact_helpers():
-    assert redact_url("rtsp://admin:secret@10.0.0.5/stream") == "rtsp://admin:***@10.0.0.5/stream"
-    assert redact_url("rtsp://admin@10.0.0.5/stream") == "rtsp://admin@10.0.0.5/stream"
+    assert redact_url("rtsp://admin:secret@10.0.0.5/stream") == "rtsp://***@10.0.0.5/stream"
+    assert redact_url("rtsp://admin@10.0.0.5/stream") == "rtsp://***@10.0.0.5/stream"
     assert redact_url("http://cam/video.mjpg") == "http://cam/video.mjpg"
     assert redact("s3cret") == "***"
 

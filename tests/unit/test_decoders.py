@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from yoloedge.errors import LayoutError
+from yoloedge.errors import LayoutError, ModelError
 from yoloedge.model.spec import ModelMetadata, TensorSpec, parse_metadata
 from yoloedge.postprocess import (Detections, Layout, PostprocessSettings, Postprocessor,
                                   detect_layout, make_decoder)
@@ -438,9 +438,10 @@ def test_parse_metadata_variants():
     md = parse_metadata({})
     assert (md.names, md.imgsz, md.stride, md.end2end, md.task) == (None, None, None, None, None)
     assert not md.is_ultralytics
-    # garbage stays harmless
-    md = parse_metadata({"names": "not a literal {", "imgsz": "oops", "end2end": "maybe"})
-    assert md.names is None and md.imgsz is None and md.end2end is None
+    # garbage is a model error naming the key (tests/test_config_hardening.py has the full table)
+    for key in ("names", "imgsz", "end2end"):
+        with pytest.raises(ModelError, match=f"m.onnx: bad model metadata {key} = "):
+            parse_metadata({key: "not a literal {"}, "m.onnx")
 
 
 # --------------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ class OnnxRuntimeBackend(Backend):
             return self._spec
         check_open_request(max_batch, input_sets, output_sets)
         session = self._create_session()
-        meta = parse_metadata(session.get_modelmeta().custom_metadata_map or {})
+        meta = parse_metadata(session.get_modelmeta().custom_metadata_map or {}, self.model_path)
         inputs = tuple(self._tensor_spec(i) for i in session.get_inputs())
         outputs = tuple(self._tensor_spec(o) for o in session.get_outputs())
         if len(inputs) != 1 or len(inputs[0].shape) != 4:

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import YoloedgeError
+from ..errors import ModelError, YoloedgeError
 from ..model.spec import DYNAMIC, ModelMetadata, channels_last, normalise_shape, parse_metadata
 
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8}
@@ -71,7 +71,10 @@ def inspect_onnx(path: str) -> SourceModel:
     dtype = _ORT_TYPES.get(node.type)
     if dtype is None:
         raise ConvertError(f"{path}: input {node.name} has type {node.type}; expected float, float16 or uint8")
-    meta = parse_metadata(session.get_modelmeta().custom_metadata_map or {})
+    try:
+        meta = parse_metadata(session.get_modelmeta().custom_metadata_map or {}, path)
+    except ModelError as exc:
+        raise ConvertError(str(exc)) from None
     return SourceModel(path, node.name, normalise_shape(node.shape), np.dtype(dtype), meta)
 
 

@@ -7,6 +7,10 @@ from typing import Sequence
 
 from ..errors import ModelError
 
+#: most classes a model or labels file may name; an index past it is a corrupt file, and a dense
+#: label list that long would only waste memory.
+MAX_CLASSES = 100_000
+
 COCO80: tuple[str, ...] = (
     "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat",
     "traffic light", "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat", "dog",
@@ -49,24 +53,36 @@ def _labels_from_yaml(path: Path, text: str) -> list[str]:
     except yaml.YAMLError as exc:
         raise ModelError(f"labels file {path} is not valid YAML: {exc}") from exc
     names = data.get("names") if isinstance(data, dict) else data
-    labels = labels_from_names(names)
+    try:
+        labels = labels_from_names(names)
+    except ValueError as exc:
+        raise ModelError(f"labels file {path}: names: {exc}") from None
     if not labels:
         raise ModelError(f"labels file {path}: expected a 'names' list or mapping")
     return labels
 
 
 def labels_from_names(names: object) -> list[str]:
-    """Turn a `names` list or an {index: name} mapping into a dense list ordered by index."""
+    """Turn a `names` list or an {index: name} mapping into a dense list ordered by index; [] when
+    `names` is neither. A mapping whose keys are not class indexes from 0 to MAX_CLASSES - 1, or
+    more than MAX_CLASSES names, raise ValueError saying so."""
     if isinstance(names, (list, tuple)):
+        if len(names) > MAX_CLASSES:
+            raise ValueError(f"{len(names)} names; at most {MAX_CLASSES} classes are supported")
         return [str(n) for n in names]
     if isinstance(names, dict) and names:
-        try:
-            indexed = {int(k): str(v) for k, v in names.items()}
-        except (TypeError, ValueError):
-            return []
-        size = max(indexed) + 1
-        return [indexed.get(i, f"class{i}") for i in range(size)]
+        indexed = {_class_index(key): str(value) for key, value in names.items()}
+        return [indexed.get(i, f"class{i}") for i in range(max(indexed) + 1)]
     return []
+
+
+def _class_index(key: object) -> int:
+    """0 or "0" (a YAML file may quote its keys)."""
+    text = key.strip() if isinstance(key, str) else None
+    index = int(text) if text and text.isdecimal() and len(text) <= 6 else key
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_CLASSES:
+        raise ValueError(f"key {str(key)[:40]!r} is not a class index from 0 to {MAX_CLASSES - 1}")
+    return index
 
 
 def placeholder_labels(count: int) -> list[str]:

@@ -12,10 +12,18 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..errors import ModelError
 from .labels import labels_from_names
 
 #: The dimension value used for an axis whose size is only known at run time.
 DYNAMIC = -1
+#: bounds for metadata numbers: a value past them is a corrupt or hostile file, not a model (an
+#: 8192x8192 float input already needs 800 MB per frame).
+MAX_IMGSZ = 8192
+MAX_STRIDE = 1024
+MAX_CHANNELS = 4
+#: metadata values longer than this are not parsed (Ultralytics' COCO names take about 1 KB).
+MAX_METADATA_CHARS = 1_000_000
 
 
 def channels_last(shape: Sequence[int]) -> bool:
@@ -75,38 +83,114 @@ class ModelSpec:
         return self.inputs[0]
 
 
-def parse_metadata(raw: Mapping[str, str]) -> ModelMetadata:
-    """Read Ultralytics metadata; values are Python literals stored as strings."""
-    names = labels_from_names(_literal(raw.get("names"))) or None
-    imgsz_val = _literal(raw.get("imgsz"))
-    imgsz = None
-    if isinstance(imgsz_val, int):
-        imgsz = (imgsz_val, imgsz_val)
-    elif isinstance(imgsz_val, (list, tuple)) and len(imgsz_val) == 2:
-        imgsz = (int(imgsz_val[0]), int(imgsz_val[1]))
-    stride = _literal(raw.get("stride"))
-    if isinstance(stride, (list, tuple)) and stride:
-        stride = max(stride)
-    end2end = _literal(raw.get("end2end"))
-    channels = _literal(raw.get("channels"))
+def parse_metadata(raw: Mapping[str, str], source: str = "the model") -> ModelMetadata:
+    """Read Ultralytics metadata; values are Python literals stored as strings.
+
+    The values decide buffer sizes and label lists, so each one we use must be what it claims; a
+    bad one raises ModelError naming `source` (the model file) and the key, like any broken model.
+    Keys we do not use are kept in `raw` unread.
+    """
+    reader = _MetadataReader(raw, source)
     return ModelMetadata(
-        names=names,
-        imgsz=imgsz,
-        stride=int(stride) if isinstance(stride, (int, float)) else None,
-        end2end=bool(end2end) if isinstance(end2end, bool) else None,
-        task=raw.get("task"),
-        channels=int(channels) if isinstance(channels, int) else None,
+        names=reader.names(),
+        imgsz=reader.imgsz(),
+        stride=reader.stride(),
+        end2end=reader.boolean("end2end"),
+        task=reader.text("task"),
+        channels=reader.whole("channels", 1, MAX_CHANNELS),
         raw=dict(raw),
     )
 
 
-def _literal(text: str | None) -> object:
-    if text is None:
+class _MetadataReader:
+    """One method per kind of value; each returns None for an absent key."""
+
+    def __init__(self, raw: Mapping[str, str], source: str):
+        self.raw = raw
+        self.source = source
+
+    def fail(self, key: str, requirement: str) -> ModelError:
+        shown = repr(self.raw[key])
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return ModelError(f"{self.source}: bad model metadata {key} = {shown}: {requirement} "
+                          f"(re-export the model, or fix its metadata)")
+
+    def literal(self, key: str, requirement: str) -> object:
+        text = self.raw.get(key)
+        if text is None:
+            return None
+        if not isinstance(text, str) or len(text) > MAX_METADATA_CHARS:
+            raise self.fail(key, requirement)
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            raise self.fail(key, requirement) from None
+
+    def names(self) -> list[str] | None:
+        requirement = "must be a list of names or an {index: name} mapping"
+        value = self.literal("names", requirement)
+        if value is None:
+            return None
+        if not isinstance(value, (list, tuple, dict)):
+            raise self.fail("names", requirement)
+        try:
+            return labels_from_names(value) or None
+        except ValueError as exc:
+            raise self.fail("names", str(exc)) from None
+
+    def imgsz(self) -> tuple[int, int] | None:
+        requirement = f"must be N or [H, W], whole numbers from 1 to {MAX_IMGSZ}"
+        value = self.literal("imgsz", requirement)
+        if value is None:
+            return None
+        sides = [_whole(side, 1, MAX_IMGSZ) for side in (value if isinstance(value, (list, tuple)) else [value] * 2)]
+        if len(sides) != 2 or sides[0] is None or sides[1] is None:
+            raise self.fail("imgsz", requirement)
+        return (sides[0], sides[1])
+
+    def stride(self) -> int | None:
+        """One stride or one per head (the largest counts)."""
+        requirement = f"must be a whole number from 1 to {MAX_STRIDE}, or a list of them"
+        value = self.literal("stride", requirement)
+        if value is None:
+            return None
+        strides = [_whole(s, 1, MAX_STRIDE) for s in (value if isinstance(value, (list, tuple)) else [value])]
+        whole = [s for s in strides if s is not None]
+        if not strides or len(whole) != len(strides):
+            raise self.fail("stride", requirement)
+        return max(whole)
+
+    def whole(self, key: str, low: int, high: int) -> int | None:
+        requirement = f"must be a whole number from {low} to {high}"
+        value = self.literal(key, requirement)
+        if value is None:
+            return None
+        whole = _whole(value, low, high)
+        if whole is None:
+            raise self.fail(key, requirement)
+        return whole
+
+    def boolean(self, key: str) -> bool | None:
+        value = self.literal(key, "must be True or False")
+        if value is not None and not isinstance(value, bool):
+            raise self.fail(key, "must be True or False")
+        return value
+
+    def text(self, key: str) -> str | None:
+        value = self.raw.get(key)
+        if value is not None and (not isinstance(value, str) or not value.isprintable() or len(value) > 100):
+            raise self.fail(key, "must be a short printable name, e.g. detect")
+        return value
+
+
+def _whole(value: object, low: int, high: int) -> int | None:
+    """The value as an int when it is one from `low` to `high`, else None. Ultralytics writes 640
+    or 640.0; True, NaN, infinity and 1e999 are not sizes."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return text
+    if isinstance(value, float) and not value.is_integer():  # NaN and infinity are not integers
+        return None
+    return int(value) if low <= value <= high else None
 
 
 def normalise_shape(dims: Sequence[object]) -> tuple[int, ...]:
