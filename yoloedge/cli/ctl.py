@@ -32,12 +32,13 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
                        "p50_ms": float | null, "p99_ms": float | null, "batch_p50": float | null,
                        "queue_depth": int (frames taken in, not yet on the device),
                        "errors": int, "frames_lost": int, "description": str}],
-     "cameras": [{"name": str, "url": str (credentials already redacted), "state": str,
+     "cameras": [{"name": str, "url": str (display form: no credentials), "state": str,
                   "fps_in": float, "fps_out": float, "drops": int, "reconnects": int,
                   "stalls": int, "last_frame_age_s": float | null,
                   "latency_p50_ms": float | null, "latency_p99_ms": float | null,
                   "error": str | null}],
-     "mqtt": {"connected": bool, "broker": str ("host:port"), "queued": int,
+     "mqtt": {"connected": bool, "broker": str ("host:port"), "queued": int, "queued_bytes": int,
+              "spooled": int | null (messages in mqtt.spool_dir; null without a spool),
               "delivered": int, "dropped": int}}
 
 The daemon may add keys (e.g. `daemon.device_id`, `daemon.restart_needed_for`: changed keys
@@ -60,7 +61,7 @@ import yaml
 
 from ..config.schema import ControlConfig
 from ..control.client import ControlError, NotRunning, PermissionDenied, request
-from ..redact import redact_url
+from ..redact import redact_text
 
 DEFAULT_SOCKET = ControlConfig().socket
 
@@ -86,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--socket", help=f"control socket (default {DEFAULT_SOCKET})")
     where.add_argument("-c", "--config", help="read the control socket path from this config file")
-    parser.add_argument("--timeout", type=float, default=None,
+    parser.add_argument("--timeout", type=_seconds, default=None,
                         help=f"seconds to wait for the daemon (default {STATUS_TIMEOUT_S:g}; "
                              f"reload {RELOAD_TIMEOUT_S:g})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -95,6 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the daemon's status as JSON")
     sub.add_parser("reload", help="re-read the config file (like systemctl reload)")
     return parser
+
+
+def _seconds(text: str) -> float:
+    """--timeout: a positive, finite number of seconds (NaN or -1 would fail deep in the socket)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < 86400:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 86400 seconds, got {text!r}")
+    return value
 
 
 def socket_from_config(path: str) -> str:
@@ -198,7 +210,7 @@ def _camera_lines(cameras: list[dict]) -> list[str]:
              _text(c.get("fps_out"), "{:.1f}"), _text(c.get("drops")), _text(c.get("reconnects")),
              _text(c.get("stalls")), _text(c.get("last_frame_age_s"), "{:.1f}"),
              _text(c.get("latency_p50_ms"), "{:.1f}"), _text(c.get("latency_p99_ms"), "{:.1f}"),
-             _text(c.get("url") and redact_url(str(c["url"]))), _text(c.get("error")))
+             _text(c.get("url")), _text(c.get("error")))
             for c in cameras]
     return format_table(headers, rows, right=(2, 3, 4, 5, 6, 7, 8, 9))
 
@@ -207,7 +219,8 @@ def _mqtt_line(mqtt: dict | None) -> str:
     if not mqtt:
         return "mqtt: -"
     link = "connected to" if mqtt.get("connected") else "DISCONNECTED from"
-    return (f"mqtt: {link} {_text(mqtt.get('broker'))}; queued {_text(mqtt.get('queued'))}, "
+    spooled = f", spooled {mqtt['spooled']}" if mqtt.get("spooled") is not None else ""
+    return (f"mqtt: {link} {_text(mqtt.get('broker'))}; queued {_text(mqtt.get('queued'))}{spooled}, "
             f"delivered {_text(mqtt.get('delivered'))}, dropped {_text(mqtt.get('dropped'))}")
 
 
@@ -242,7 +255,7 @@ def _indent(lines: list[str]) -> list[str]:
 
 
 def _status(socket_path: str, timeout: float, as_json: bool) -> int:
-    reply = request(socket_path, {"cmd": "status"}, timeout=timeout)
+    reply = redacted(request(socket_path, {"cmd": "status"}, timeout=timeout))
     if not reply.get("ok"):
         print(f"yoloedge-ctl: the daemon could not report its status: {reply.get('error')}", file=sys.stderr)
         return EXIT_UNKNOWN
@@ -250,8 +263,21 @@ def _status(socket_path: str, timeout: float, as_json: bool) -> int:
     return EXIT_OK if (reply.get("daemon") or {}).get("healthy") else EXIT_DEGRADED
 
 
+def redacted(reply: Any) -> Any:
+    """`reply` with every string in its display form (see `redact_text`): the daemon already sends
+    URLs without credentials, but a daemon of another version, or an error text that quotes a
+    URL, must not put one on an operator's screen or in a support ticket."""
+    if isinstance(reply, str):
+        return redact_text(reply)
+    if isinstance(reply, dict):
+        return {key: redacted(value) for key, value in reply.items()}
+    if isinstance(reply, list):
+        return [redacted(value) for value in reply]
+    return reply
+
+
 def _reload(socket_path: str, timeout: float) -> int:
-    reply = request(socket_path, {"cmd": "reload"}, timeout=timeout)
+    reply = redacted(request(socket_path, {"cmd": "reload"}, timeout=timeout))
     generation = _text(reply.get("generation"))
     if not reply.get("ok"):
         why = reply.get("config_error") or reply.get("error") or "no reason given"

@@ -1,8 +1,9 @@
 """Read and validate the daemon's YAML config into the frozen `Config` dataclasses.
 
 `load_config(path, environ)` returns a `Config` or raises one `ConfigError` listing every problem
-with its file:line. Loading is pure: it reads the config file and checks that referenced files
-(model, labels, TLS) exist, but never opens a camera, a device, a socket or the model itself, so
+with its file:line. Loading is pure: it reads the config file, checks that referenced files
+(model, labels, TLS) exist and loads the TLS material as the MQTT client will, but never opens a
+camera, a device, a socket or the model itself, so
 `yoloedge check` and a SIGHUP reload can run it at any time.
 
 Decisions (see the README, Configuration):
@@ -29,10 +30,16 @@ from .fields import (INVALID, Boolean, Choice, Context, FilePath, Integer, Numbe
                      show, topic_safe)
 from .model import ModelConfig
 from .schema import Config, ControlConfig, HealthConfig, LoggingConfig, MqttConfig, TlsConfig
+from .tls import TlsMaterialError, client_context
 from .yamltree import Item, parse_tree
 
 DEFAULT_PATH = "/etc/yoloedge/yoloedge.yaml"
 UNIX_SOCKET_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+#: below these the limits hold less than one typical message burst (see MqttConfig).
+MIN_QUEUE_BYTES = 64 * 1024
+MIN_SPOOL_BYTES = 1024 * 1024
+#: the largest config file read (the example with every key explained is about 10 KiB).
+MAX_CONFIG_BYTES = 1024 * 1024
 
 
 def load_config(path: str, environ: Mapping[str, str]) -> Config:
@@ -48,12 +55,20 @@ def load_config(path: str, environ: Mapping[str, str]) -> Config:
 
 
 def _read_text(path: str) -> str:
+    """The file as text; at most MAX_CONFIG_BYTES are read, so a wrong path (a log, a device) or a
+    huge file cannot fill memory."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError([ConfigIssue(path, None, None, "", None,
                                        f"cannot read the config file: {exc.strerror or exc}")]) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError([ConfigIssue(path, None, None, "", None,
+                                       f"the file is larger than {MAX_CONFIG_BYTES // 1024 // 1024} MiB; "
+                                       f"a configuration is a few kilobytes")])
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError([ConfigIssue(path, None, None, "", None,
                                        f"not a UTF-8 text file (byte {exc.start})")]) from None
@@ -216,6 +231,9 @@ def read_mqtt(ctx: Context, item: Item) -> Any:
         "client_id": Text(optional=True),
         "keepalive_s": Integer(ge=1, le=65535, example=30),
         "queue_limit": Integer(ge=1, le=65000, example=10000),
+        "queue_limit_bytes": Integer(ge=MIN_QUEUE_BYTES, example=67108864),
+        "spool_dir": read_spool_dir,
+        "spool_limit_bytes": Integer(ge=MIN_SPOOL_BYTES, example=268435456),
         "stats_interval_s": Number(gt=0, example=10),
         "reconnect_min_s": Number(gt=0, example=1),
         "reconnect_max_s": Number(gt=0, example=30),
@@ -228,6 +246,33 @@ def read_mqtt(ctx: Context, item: Item) -> Any:
     if not range_order_ok(ctx, item.value, "reconnect_min_s", "reconnect_max_s", values):
         return INVALID
     return MqttConfig(**values)
+
+
+def read_spool_dir(ctx: Context, item: Item) -> Any:
+    """null (no spool), or a directory the daemon can write, or create (as 0700) where its
+    nearest existing parent is writable: found now, not at the first outage."""
+    if item.value is None:
+        return None
+    text = Text()(ctx, item)
+    if text is INVALID:
+        return INVALID
+    path = ctx.resolve_path(text)
+    if os.path.isdir(path):
+        if not os.access(path, os.W_OK | os.X_OK):
+            return ctx.problem(item, f"the spool directory {path} is not writable by this user",
+                               "make it writable (chown it to the daemon's user), or pick another")
+        return path
+    if os.path.lexists(path):
+        return ctx.problem(item, f"{path} exists and is not a directory",
+                           "spool_dir names a directory, e.g. spool_dir: /var/lib/yoloedge/spool")
+    parent = os.path.dirname(path)
+    while parent != os.path.dirname(parent) and not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        return ctx.problem(item, f"the spool directory {path} does not exist and cannot be created "
+                                 f"({parent} is not a writable directory)",
+                           "create it for the daemon's user, or pick another")
+    return path
 
 
 def read_tls(ctx: Context, item: Item) -> Any:
@@ -246,7 +291,14 @@ def read_tls(ctx: Context, item: Item) -> Any:
         return INVALID
     if values.get("keyfile") and not values.get("certfile") and "certfile" not in item.value:
         return ctx.problem(item.value["keyfile"], "a keyfile needs a certfile (the client certificate)")
-    return TlsConfig(**values)
+    if len(values) != len(item.value):  # a file already reported missing: nothing to load
+        return INVALID
+    tls = TlsConfig(**values)
+    try:
+        client_context(tls)
+    except TlsMaterialError as exc:
+        return ctx.problem(item.value[exc.key], exc.message)
+    return tls
 
 
 def read_topic_prefix(ctx: Context, item: Item) -> Any:

@@ -87,6 +87,13 @@ class MqttConfig:
     keepalive_s: int = 30
     #: messages held while the broker is unreachable; beyond this they are dropped and counted.
     queue_limit: int = 10000
+    #: the same bound in payload bytes (large messages reach it first).
+    queue_limit_bytes: int = 64 * 1024 * 1024
+    #: a directory for the durable outbox (publish/spool.py): messages survive a restart during
+    #: an outage. None: messages wait in memory only.
+    spool_dir: str | None = None
+    #: most bytes of spool files; past it the oldest messages are deleted and counted as dropped.
+    spool_limit_bytes: int = 256 * 1024 * 1024
     stats_interval_s: float = 10.0
     reconnect_min_s: float = 1.0
     reconnect_max_s: float = 30.0

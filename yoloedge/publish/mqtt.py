@@ -18,9 +18,24 @@ Design (the why behind the code below; docs/mqtt.md has the topics and payloads)
   the same thing paho's DUP re-send does.) Letting paho replay by itself would send a message
   published between TCP connect and CONNACK, or during `on_connect`, ahead of older ones.
 * Bounded: messages in the outbox plus messages handed to paho and not yet acknowledged never
-  exceed `queue_limit`; past that, `publish()` returns False and the drop is counted and logged
-  (rate-limited). Status messages are exempt: they are few, and the daemon's last word.
+  exceed `queue_limit` messages nor `queue_limit_bytes` of payload (both counted under `_lock`);
+  past that, `publish()` returns False and the drop is counted and logged (rate-limited): the
+  newest message is the one dropped, so what is queued stays a gap-free prefix. Status messages
+  are exempt: they are few, and the daemon's last word.
   QoS 0 messages are never queued: while disconnected they are dropped (and counted).
+* Durable outbox (`spool_dir`, publish/spool.py): every QoS >= 1 message except the status is
+  appended to the spool first and handed to paho from there; the spool is the outbox. One ordered
+  log for everything (rather than spooling only what overflows memory, or only what is unsent at
+  a stop) keeps order across outages, overflow and restarts without merging two queues, and
+  survives kill -9. A message goes straight to paho when it is the oldest not handed out and the
+  memory limits allow; otherwise the `mqtt-spool` thread hands records over as acknowledgements
+  free room. After a lost connection the spool is rewound to the oldest unacknowledged record
+  (acknowledged ones are skipped). Records are deleted once the broker acknowledged them all
+  (QoS 1 PUBACK); the spool's byte limit drops the oldest segments, counted as dropped.
+* No CONNACK: paho closes a connection whose CONNACK has not come `keepalive_s` after CONNECT
+  (its keep-alive check), and a server that is not an MQTT broker (HTTP, a TLS port spoken to
+  in clear) closes it or sends what paho rejects. paho reports all of these only as a disconnect
+  without a connect, so `_on_disconnect` turns them into `last_error` and one warning per outage.
 * Delivery is tracked with `on_publish` (mid -> delivered), not `wait_for_publish()`, which
   raises for messages published while disconnected.
 * Status: retained, QoS 1, on `{prefix}/{device_id}/status`; the Last Will says "offline". The
@@ -36,6 +51,7 @@ held while calling into paho, because paho holds its own locks while calling our
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import json
 import logging
@@ -49,7 +65,9 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
 from ..config.schema import MqttConfig
+from ..config.tls import client_context
 from ..timeutil import utc_timestamp
+from .spool import Record, Spool
 from .topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -66,6 +84,8 @@ DISCONNECT_RESERVE_S = 1.0
 #: paho numbers unacknowledged messages with 16-bit MQTT packet ids (at most 65535 at once); the
 #: margin leaves room for status messages, which bypass the limit.
 MAX_QUEUE_LIMIT = 65000
+#: how often the spool thread fsyncs and deletes acknowledged segments (see publish/spool.py).
+SPOOL_SYNC_INTERVAL_S = 1.0
 _MAX_TOPIC_BYTES = 65535
 _MAX_PAYLOAD_BYTES = 268435455
 
@@ -113,6 +133,7 @@ class _Outgoing:
     payload: bytes | bytearray  # paho hands unacknowledged messages back as it stored them
     qos: int
     retain: bool
+    seq: int | None = None  # its record in the spool, when there is one
 
 
 def _callback(method: Callable[..., None]) -> Callable[..., None]:
@@ -148,11 +169,13 @@ class MqttPublisher:
         self._lock = threading.Condition(threading.Lock())
         # guarded by _lock:
         self._outbox: collections.deque[_Outgoing] = collections.deque()
-        self._pending: set[int] = set()  # mids handed to paho, not yet acknowledged
+        self._pending: dict[int, _Outgoing] = {}  # by mid: handed to paho, not yet acknowledged
+        self._queued_bytes = 0  # payload bytes in _outbox and _pending
         self._early_acks: set[int] = set()
         self._in_publish_call = False
         self._ready = False  # connected and replay done: new messages may go straight to paho
         self._connected = False
+        self._connack_seen = False  # since the last disconnect: tells "no CONNACK" from "refused"
         self._connects = 0
         self._reconnects = 0
         self._published = 0
@@ -166,6 +189,12 @@ class MqttPublisher:
         self._status: str | None = None
         self._stop_requested = False
         self._closed = False
+        self._spool: Spool | None = None
+        if config.spool_dir is not None:
+            self._spool = Spool(config.spool_dir, config.spool_limit_bytes,
+                                fsync_interval_s=SPOOL_SYNC_INTERVAL_S)
+        self._spool_thread: threading.Thread | None = None
+        self._spool_dropped = 0  # spool drops already counted in _dropped
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -175,12 +204,38 @@ class MqttPublisher:
             if self._client is not None or self._stop_requested:
                 raise RuntimeError("MqttPublisher.start() may be called once, before stop()")
             self._client = self._make_client()
+            self._open_spool()
         cfg = self._config
         logger.info("MQTT: connecting to %s as %r (user=%s, password=%s, tls=%s, qos=%d, "
-                    "queue_limit=%d)", self.broker, self.client_id, cfg.username,
-                    "***" if cfg.password else None, cfg.tls is not None, cfg.qos, cfg.queue_limit)
+                    "queue_limit=%d, queue_limit_bytes=%d, spool=%s)", self.broker, self.client_id,
+                    cfg.username, "***" if cfg.password else None, cfg.tls is not None, cfg.qos,
+                    cfg.queue_limit, cfg.queue_limit_bytes, self._spool is not None)
         self._client.connect_async(cfg.host, cfg.port, keepalive=cfg.keepalive_s)
         self._client.loop_start()
+
+    def _open_spool(self) -> None:
+        """Recover the spool and start its thread. A spool that cannot be opened (the disk
+        failed since the config was checked) must not keep the daemon from publishing: the
+        publisher goes on with the in-memory outbox and says so. Caller holds _send_lock."""
+        spool = self._spool
+        if spool is None:
+            return
+        try:
+            recovered = spool.open()
+        except OSError as exc:
+            self._spool = None
+            self._record_error(f"cannot open the spool {spool.directory}: {exc}; messages are "
+                               f"kept in memory only")
+            return
+        if recovered or spool.discarded_bytes:
+            logger.log(logging.WARNING if spool.discarded_bytes else logging.INFO,
+                       "MQTT: spool %s: %d message(s) from the previous run to send%s",
+                       spool.directory, recovered,
+                       f"; {spool.discarded_bytes} byte(s) of torn or corrupt records discarded"
+                       if spool.discarded_bytes else "")
+        self._spool_thread = threading.Thread(target=self._spool_loop, args=(spool,),
+                                              name="mqtt-spool", daemon=True)
+        self._spool_thread.start()
 
     def _make_client(self) -> mqtt.Client:
         """Build the paho client: credentials, TLS, Last Will, back-off and our callbacks."""
@@ -190,10 +245,7 @@ class MqttPublisher:
         if cfg.username is not None:
             client.username_pw_set(cfg.username, cfg.password)
         if cfg.tls is not None:
-            client.tls_set(ca_certs=cfg.tls.ca_certs, certfile=cfg.tls.certfile,
-                           keyfile=cfg.tls.keyfile)
-            if cfg.tls.insecure:
-                client.tls_insecure_set(True)
+            client.tls_set_context(client_context(cfg.tls))  # the context `yoloedge check` loaded
         client.will_set(self.topics.status, self._status_payload("offline"), qos=STATUS_QOS,
                         retain=True)
         client.reconnect_delay_set(cfg.reconnect_min_s, cfg.reconnect_max_s)  # type: ignore[arg-type]
@@ -222,12 +274,22 @@ class MqttPublisher:
         with self._send_lock:
             self._closed = True
         self._shutdown_client(self._client, deadline)
+        self._close_spool(deadline)
         self._log_stop_summary()
+
+    def _close_spool(self, deadline: float) -> None:
+        """Stop the spool thread (it sees _closed) and fsync what is left for the next start."""
+        with self._lock:
+            self._lock.notify_all()
+        if self._spool_thread is not None:
+            self._spool_thread.join(max(0.0, deadline - time.monotonic()))
+        if self._spool is not None:
+            self._spool.close()
 
     def _wait_drained(self, deadline: float) -> bool:
         """Block until nothing is queued or unacknowledged, or until `deadline` (monotonic)."""
         with self._lock:
-            while self._outbox or self._pending:
+            while self._outbox or self._pending or (self._spool is not None and self._spool.unacked):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
@@ -256,12 +318,14 @@ class MqttPublisher:
     def _log_stop_summary(self) -> None:
         """Say what was lost, so a shutdown with the broker away is never silent."""
         with self._lock:
-            unsent = len(self._outbox) + len(self._pending)
+            unsent = self._queued_locked()
             unlogged, self._drops_unlogged = self._drops_unlogged, 0
             dropped = self._dropped
+        spooled = self._spool.unacked if self._spool is not None else 0
         if unsent:
-            logger.warning("MQTT: stopped with %d message(s) not acknowledged by %s", unsent,
-                           self.broker)
+            logger.warning("MQTT: stopped with %d message(s) not acknowledged by %s%s", unsent,
+                           self.broker, f" ({spooled} kept in the spool for the next start)"
+                           if spooled else "")
         if unlogged:
             logger.warning("MQTT: %d more message(s) dropped since the last report "
                            "(%d dropped in total)", unlogged, dropped)
@@ -318,16 +382,20 @@ class MqttPublisher:
         return self._submit(_Outgoing(topic, data, qos, retain))
 
     def _submit(self, msg: _Outgoing, bypass_limit: bool = False) -> bool:
-        """Send now when connected, else keep in the outbox (QoS >= 1), within queue_limit."""
+        """Send now when connected, else keep in the outbox (QoS >= 1), within the queue limits;
+        with a spool, QoS >= 1 messages go through it (see the module docstring)."""
         with self._send_lock:
             if self._closed:
                 self._note_drop("the publisher is stopped")
                 return False
+            if msg.qos > 0 and not bypass_limit and self._spool_thread is not None:
+                if self._spool_submit(msg):
+                    return True
             with self._lock:
                 ready = self._ready
-                full = len(self._outbox) + len(self._pending) >= self._config.queue_limit
-            if full and msg.qos > 0 and not bypass_limit:
-                self._note_drop(f"queue full ({self._config.queue_limit} messages waiting)")
+                full = self._full_reason_locked(len(msg.payload))
+            if full is not None and msg.qos > 0 and not bypass_limit:
+                self._note_drop(full)
                 return False
             if not ready:
                 return self._keep(msg)
@@ -337,6 +405,17 @@ class MqttPublisher:
                 self._published += 1
             return True
 
+    def _full_reason_locked(self, size: int) -> str | None:
+        """Why one more message of `size` payload bytes does not fit in memory, or None."""
+        cfg = self._config
+        if len(self._outbox) + len(self._pending) >= cfg.queue_limit:
+            return f"queue full ({cfg.queue_limit} messages waiting)"
+        if size > cfg.queue_limit_bytes:
+            return f"a {size}-byte message is larger than queue_limit_bytes ({cfg.queue_limit_bytes})"
+        if self._queued_bytes + size > cfg.queue_limit_bytes:
+            return f"queue full ({self._queued_bytes} of {cfg.queue_limit_bytes} bytes waiting)"
+        return None
+
     def _keep(self, msg: _Outgoing) -> bool:
         """Hold a message for the next connection; QoS 0 means "don't bother", so it is dropped."""
         if msg.qos == 0:
@@ -344,8 +423,42 @@ class MqttPublisher:
             return False
         with self._lock:
             self._outbox.append(msg)
+            self._queued_bytes += len(msg.payload)
             self._published += 1
         return True
+
+    def _spool_submit(self, msg: _Outgoing) -> bool:
+        """Append to the spool, and hand over at once when nothing older waits and memory allows;
+        else the spool thread hands it over later. False (caller falls back to memory) when the
+        spool cannot be written. Caller holds _send_lock."""
+        spool = self._spool
+        if spool is None:
+            return False
+        try:
+            seq = spool.append(Record(msg.topic, bytes(msg.payload), msg.qos, msg.retain))
+        except OSError as exc:
+            self._record_error(f"cannot write to the spool {spool.directory}: {exc}; "
+                               f"messages are kept in memory meanwhile")
+            return False
+        msg = dataclasses.replace(msg, seq=seq)
+        with self._lock:
+            self._published += 1
+            direct = self._ready and self._full_reason_locked(len(msg.payload)) is None
+        self._count_spool_drops(spool)
+        if direct and spool.take(seq):
+            self._send(msg)
+        else:
+            with self._lock:
+                self._lock.notify_all()  # the spool thread hands it over when it can
+        return True
+
+    def _count_spool_drops(self, spool: Spool) -> None:
+        dropped = spool.dropped
+        with self._lock:
+            new, self._spool_dropped = dropped - self._spool_dropped, dropped
+        if new:
+            self._note_drop(f"spool full ({self._config.spool_limit_bytes} bytes); its oldest "
+                            f"messages were deleted", count=new)
 
     def _send(self, msg: _Outgoing, from_outbox: bool = False) -> bool:
         """Hand one message to paho (caller holds _send_lock) and start tracking its mid.
@@ -373,20 +486,25 @@ class MqttPublisher:
             self._in_publish_call = False
             if from_outbox:
                 self._outbox.popleft()
-            if accepted and msg.qos > 0 and info.mid not in self._early_acks:
-                self._pending.add(info.mid)
+                self._queued_bytes -= len(msg.payload)
+            done = not accepted or info.mid in self._early_acks
+            if msg.qos > 0 and not done:
+                self._pending[info.mid] = msg
+                self._queued_bytes += len(msg.payload)
+            if done and msg.seq is not None and self._spool is not None:
+                self._spool.ack(msg.seq)  # acknowledged already, or refused (counted as dropped)
             self._early_acks.clear()
             self._lock.notify_all()
         if not accepted:
             self._note_drop(f"the MQTT client refused it ({mqtt.error_string(rc)})")
         return accepted
 
-    def _note_drop(self, reason: str) -> None:
-        """Count a dropped message; warn at most once per DROP_LOG_INTERVAL_S with the sum."""
+    def _note_drop(self, reason: str, count: int = 1) -> None:
+        """Count dropped messages; warn at most once per DROP_LOG_INTERVAL_S with the sum."""
         now = time.monotonic()
         with self._lock:
-            self._dropped += 1
-            self._drops_unlogged += 1
+            self._dropped += count
+            self._drops_unlogged += count
             if self._last_drop_log is not None and now - self._last_drop_log < DROP_LOG_INTERVAL_S:
                 return
             self._last_drop_log = now
@@ -404,12 +522,22 @@ class MqttPublisher:
 
     # ------------------------------------------------------------------ stats
 
+    def _queued_locked(self) -> int:
+        """Messages waiting or not yet acknowledged; spooled ones counted once (caller holds _lock)."""
+        if self._spool is None:
+            return len(self._outbox) + len(self._pending)
+        unspooled = sum(1 for m in self._pending.values() if m.seq is None)
+        return len(self._outbox) + unspooled + self._spool.unacked
+
     def stats(self) -> dict:
-        """Counters for the daemon's status: queued = waiting or not yet acknowledged."""
+        """Counters for the daemon's status: queued = waiting or not yet acknowledged (in memory
+        or in the spool); queued_bytes = payload bytes of those held in memory."""
         with self._lock:
             return {
                 "connected": self._connected,
-                "queued": len(self._outbox) + len(self._pending),
+                "queued": self._queued_locked(),
+                "queued_bytes": self._queued_bytes,
+                "spooled": self._spool.unacked if self._spool is not None else None,
                 "delivered": self._delivered,
                 "dropped": self._dropped,
                 "published": self._published,
@@ -425,6 +553,8 @@ class MqttPublisher:
                     properties: Any) -> None:
         """CONNACK: on success replay what is waiting, in order, before letting new messages
         through (see the module docstring); on refusal report the broker's reason."""
+        with self._lock:
+            self._connack_seen = True
         if reason_code.is_failure:
             self._record_error(f"connection refused by {self.broker}: {reason_code} "
                                f"(reason code {reason_code.value}); retrying")
@@ -439,7 +569,7 @@ class MqttPublisher:
             replayed = self._replay(client)
             with self._lock:
                 self._ready = True
-                self._lock.notify_all()
+                self._lock.notify_all()  # the spool thread, if any, hands over its backlog
         logger.info("MQTT: connected to %s%s", self.broker,
                     f", {replayed} waiting message(s) sent" if replayed else "")
 
@@ -449,18 +579,32 @@ class MqttPublisher:
 
         The unacknowledged messages are moved to the front of the outbox in one step, so stats()
         and stop() never see them missing, and their old mids cannot be confused with new ones.
+        Spooled ones are not: the spool is rewound to the oldest of them instead, and the spool
+        thread sends them again from there, before anything the spool got later.
         """
         unacked = client.drop_out_messages()
+        rewind_to: int | None = None
         with self._lock:
+            back = []
             for m in unacked:
-                self._pending.discard(m.mid)
-            self._outbox.extendleft(_Outgoing(m.topic, m.payload, m.qos, m.retain)
-                                    for m in reversed(unacked))
+                sent = self._pending.pop(m.mid, None)
+                if sent is not None:
+                    self._queued_bytes -= len(sent.payload)
+                if sent is not None and sent.seq is not None:
+                    rewind_to = sent.seq if rewind_to is None else min(rewind_to, sent.seq)
+                else:
+                    back.append(_Outgoing(m.topic, m.payload, m.qos, m.retain))
+            self._outbox.extendleft(reversed(back))
+            self._queued_bytes += sum(len(m.payload) for m in back)
             has_status = any(m.topic == self.topics.status for m in self._outbox)
             if self._status is not None and not has_status and not self._closed:
-                self._outbox.appendleft(self._status_message(self._status))
+                status = self._status_message(self._status)
+                self._outbox.appendleft(status)
+                self._queued_bytes += len(status.payload)
                 self._published += 1
             count = len(self._outbox)
+        if rewind_to is not None and self._spool is not None:
+            self._spool.rewind(rewind_to)
         for _ in range(count):
             with self._lock:
                 msg = self._outbox[0]
@@ -477,9 +621,11 @@ class MqttPublisher:
     @_callback
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
                        properties: Any) -> None:
-        """Connection gone: new messages go to the outbox until the next CONNACK."""
+        """Connection gone: new messages go to the outbox until the next CONNACK. Gone before
+        any CONNACK is the "not an MQTT broker" class (see the module docstring)."""
         with self._lock:
             was_connected = self._connected
+            connack_seen, self._connack_seen = self._connack_seen, False
             self._connected = False
             self._ready = False
             closing = self._closed
@@ -488,18 +634,68 @@ class MqttPublisher:
             logger.debug("MQTT: disconnected from %s (%s)", self.broker, reason_code)
         elif was_connected:
             self._record_error(f"connection to {self.broker} lost: {reason_code}; reconnecting")
+        elif not connack_seen:  # a refusal (a CONNACK) was reported by _on_connect already
+            self._record_error(self._no_connack_error(str(reason_code)))
+
+    def _no_connack_error(self, reason: str) -> str:
+        """The message is the same on every retry, so _record_error warns once per outage."""
+        where = f"broker at {self.broker}"
+        hint = "(is it an MQTT broker? a TLS port without tls:?); retrying"
+        if reason == "Keep alive timeout":  # paho's CONNACK deadline is the keep-alive interval
+            return (f"{where} accepted the connection but sent no MQTT CONNACK within "
+                    f"{self._config.keepalive_s} s {hint}")
+        if reason == "Protocol error":
+            return f"{where} answered with something that is not MQTT {hint}"
+        return f"{where} closed the connection without sending an MQTT CONNACK {hint}"
 
     @_callback
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason_code: Any,
                     properties: Any) -> None:
         """Broker acknowledged (QoS >= 1) or paho wrote (QoS 0) message `mid`."""
         with self._lock:
-            if mid in self._pending:
-                self._pending.remove(mid)
+            sent = self._pending.pop(mid, None)
+            if sent is not None:
+                self._queued_bytes -= len(sent.payload)
+                if sent.seq is not None and self._spool is not None:
+                    self._spool.ack(sent.seq)  # before notify: stop() waits for the spool too
             elif self._in_publish_call:
                 self._early_acks.add(mid)
             self._delivered += 1
             self._lock.notify_all()
+
+    # ------------------------------------------------------------------ spool thread
+
+    def _spool_loop(self, spool: Spool) -> None:
+        """Hand the spool's backlog to paho as room frees up, and sync the spool about once a
+        second, until stop(). An error is reported, never the end of the thread: a thread that
+        died would leave every later message on disk only."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                if not (self._ready and spool.has_unsent and self._full_reason_locked(0) is None):
+                    self._lock.wait(SPOOL_SYNC_INTERVAL_S)  # woken by connect, ack, append, stop
+            try:
+                self._drain_spool(spool)
+                spool.sync()
+            except Exception as exc:  # noqa: BLE001 - logged with traceback and reported in stats
+                logger.exception("MQTT: spool %s", spool.directory)
+                with self._lock:
+                    self._last_error = f"spool {spool.directory}: {exc}"
+                time.sleep(SPOOL_SYNC_INTERVAL_S)
+
+    def _drain_spool(self, spool: Spool) -> None:
+        """Send what the spool holds beyond its cursor, within the in-memory limits."""
+        with self._send_lock:
+            with self._lock:
+                if not self._ready or self._closed:
+                    return
+                room = self._config.queue_limit - len(self._outbox) - len(self._pending)
+                room_bytes = self._config.queue_limit_bytes - self._queued_bytes
+            if room <= 0 or room_bytes <= 0:
+                return
+            for seq, rec in spool.read(room, room_bytes):
+                self._send(_Outgoing(rec.topic, rec.payload, rec.qos, rec.retain, seq))
 
     def _record_error(self, message: str) -> None:
         """Keep the error for stats(); warn when it is new since the last successful connect,
@@ -519,6 +715,8 @@ def _check_config(config: MqttConfig) -> None:
     """Refuse settings paho would reject later in its network thread, where nobody sees it."""
     if config.qos not in (0, 1, 2):
         raise ValueError(f"mqtt.qos must be 0, 1 or 2, not {config.qos!r}")
+    if config.queue_limit_bytes < 1 or config.spool_limit_bytes < 1:
+        raise ValueError("mqtt.queue_limit_bytes and mqtt.spool_limit_bytes must be >= 1")
     if not 1 <= config.queue_limit <= MAX_QUEUE_LIMIT:
         raise ValueError(f"mqtt.queue_limit must be between 1 and {MAX_QUEUE_LIMIT} (MQTT packet "
                          f"ids are 16-bit), not {config.queue_limit!r}")

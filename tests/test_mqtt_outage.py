@@ -1,0 +1,361 @@
+"""MqttPublisher when the far end is not a working broker, when messages are large, and with the
+durable outbox (spool): real TCP servers that misbehave, real mosquitto, the real daemon."""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import threading
+import time
+
+import pytest
+
+from broker import HOST, Mosquitto
+from conftest_mqtt import require_programs
+from daemon_harness import Daemon, NotifySocket, status, write_config
+from yoloedge.config import MqttConfig
+from yoloedge.publish import MqttPublisher, Topics
+
+DEVICE = "edge-07"
+TOPICS = Topics("yoloedge", DEVICE)
+HINT = "is it an MQTT broker?"
+
+
+def _wait(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+class FakeServer:
+    """A real TCP listener that is not an MQTT broker. `behaviour`: "silent" (accepts, reads,
+    never answers), "close" (closes at once), "http" (answers like a web server, then closes)."""
+
+    def __init__(self, behaviour: str):
+        self.behaviour = behaviour
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((HOST, 0))
+        self.sock.listen(16)
+        self.host, self.port = HOST, self.sock.getsockname()[1]
+        self.accepted = 0
+        self._conns: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            if self.behaviour == "close":
+                conn.close()
+            elif self.behaviour == "http":
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                conn.close()
+            else:
+                self._conns.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self._conns:
+            conn.close()
+        self._thread.join(5)
+
+
+@pytest.fixture
+def make_publisher():
+    made: list[MqttPublisher] = []
+
+    def make(host: str, port: int, **options) -> MqttPublisher:
+        settings = {"host": host, "port": port, "reconnect_min_s": 0.1, "reconnect_max_s": 0.3,
+                    "keepalive_s": 1, **options}
+        pub = MqttPublisher(MqttConfig(**settings), DEVICE, "9.9.9")
+        made.append(pub)
+        pub.start()
+        return pub
+
+    yield make
+    for pub in made:
+        pub.stop(timeout_s=1.0, final_status=None)
+
+
+def _warnings(caplog, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and text in r.getMessage()]
+
+
+def test_silent_server_is_reported_once_then_a_real_broker_on_that_port_works(
+        tmp_path, make_publisher, subscriber_factory, caplog):
+    require_programs("mosquitto")
+    caplog.set_level(logging.DEBUG, logger="yoloedge")
+    server = FakeServer("silent")
+    pub = make_publisher(server.host, server.port)
+    assert pub.publish_detections("cam1", {"seq": 1})  # queued while there is no broker
+    assert _wait(lambda: pub.stats()["last_error"] is not None, 10)
+    error = pub.stats()["last_error"]
+    assert f"{server.host}:{server.port}" in error and "no MQTT CONNACK within 1 s" in error
+    assert HINT in error
+    assert _wait(lambda: server.accepted >= 3, 15)  # it went on retrying...
+    assert len(_warnings(caplog, "no MQTT CONNACK")) == 1  # ...and said so once, not per retry
+    assert pub.stats()["connected"] is False
+
+    server.close()
+    broker = Mosquitto(tmp_path / "mosquitto", port=server.port)
+    try:
+        broker.start()
+        sub = subscriber_factory(broker, (TOPICS.detections("cam1"),))
+        assert pub.wait_connected(10)
+        assert _wait(lambda: pub.stats()["queued"] == 0, 10)
+        assert pub.publish_detections("cam1", {"seq": 2})
+        assert sub.wait_for(lambda ms: [m.json()["seq"] for m in ms][-1:] == [2], 10)
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize("behaviour, expected", [
+    ("close", "closed the connection without sending an MQTT CONNACK"),
+    ("http", "MQTT"),
+])
+def test_servers_that_close_or_answer_garbage_are_reported(make_publisher, caplog, behaviour, expected):
+    caplog.set_level(logging.DEBUG, logger="yoloedge")
+    server = FakeServer(behaviour)
+    try:
+        pub = make_publisher(server.host, server.port)
+        assert _wait(lambda: pub.stats()["last_error"] is not None and server.accepted >= 3, 15)
+        error = pub.stats()["last_error"]
+        assert expected in error and HINT in error and f":{server.port}" in error
+        assert 1 <= len(_warnings(caplog, HINT)) <= 2  # once per kind of answer, not per retry
+        assert pub.stats()["connected"] is False
+    finally:
+        server.close()
+
+
+def test_tls_port_spoken_to_in_clear_is_reported(mosquitto_factory, make_publisher, caplog):
+    caplog.set_level(logging.DEBUG, logger="yoloedge")
+    broker = mosquitto_factory(tls=True)
+    pub = make_publisher(broker.host, broker.port)  # no tls: settings
+    assert _wait(lambda: pub.stats()["last_error"] is not None, 10)
+    error = pub.stats()["last_error"]
+    assert "CONNACK" in error and "TLS port without tls:" in error
+    assert _wait(lambda: _warnings(caplog, "CONNACK"), 5)  # logged just after it is recorded
+
+
+def test_queue_limit_bytes_bounds_the_outbox_by_payload(mosquitto_factory, subscriber_factory,
+                                                       make_publisher, caplog):
+    caplog.set_level(logging.DEBUG, logger="yoloedge")
+    broker = mosquitto_factory()
+    broker.stop()
+    limit, size = 1000, 300
+    pub = make_publisher(broker.host, broker.port, queue_limit_bytes=limit, queue_limit=100,
+                         keepalive_s=5)
+    fits = limit // size
+    results = [pub.publish(TOPICS.detections("cam1"), bytes([65 + i]) * size) for i in range(fits + 2)]
+    assert results == [True] * fits + [False] * 2
+    stats = pub.stats()
+    assert stats["queued"] == fits and stats["queued_bytes"] == fits * size and stats["dropped"] == 2
+    assert pub.publish(TOPICS.stats, b"s" * (limit - fits * size))  # what is left still fits
+    assert pub.publish(TOPICS.stats, b"s" * (limit + 1)) is False  # larger than the whole limit
+    assert pub.set_status("online")  # the status is never dropped
+    assert any("queue full" in m and "bytes" in m for m in _warnings(caplog, "dropped"))
+
+    broker.start()
+    sub = subscriber_factory(broker, ("yoloedge/#",))
+    assert _wait(lambda: pub.stats()["queued"] == 0, 10)
+    assert pub.stats()["queued_bytes"] == 0  # counted exactly: back to zero once acknowledged
+    payload = b"z" * (limit // 2)
+    for _ in range(6):  # connected: acknowledged messages free their bytes again
+        assert pub.publish(TOPICS.detections("cam1"), payload)
+        assert _wait(lambda: pub.stats()["queued"] == 0, 5)
+    assert sub.wait_for(lambda ms: sum(m.payload == payload for m in ms) == 6, 10)
+
+
+def test_spool_keeps_messages_across_a_stop_during_an_outage(tmp_path, mosquitto_factory,
+                                                            subscriber_factory, make_publisher):
+    broker = mosquitto_factory(persistence=True)
+    topic = TOPICS.detections("cam1")
+    sub = subscriber_factory(broker, (topic,), client_id="spool-sub", clean_session=False)
+    spool_dir = tmp_path / "spool"
+    first = make_publisher(broker.host, broker.port, spool_dir=str(spool_dir), keepalive_s=5)
+    assert first.wait_connected(10)
+    for seq in range(5):
+        assert first.publish_detections("cam1", {"seq": seq})
+    assert sub.wait_for(lambda ms: len(ms) == 5, 10)
+    broker.stop()
+    assert _wait(lambda: not first.stats()["connected"], 10)
+    for seq in range(5, 400):
+        assert first.publish_detections("cam1", {"seq": seq})
+    assert first.stats()["spooled"] == 395
+    first.stop(timeout_s=0.5)
+    assert list(spool_dir.glob("*.seg"))
+
+    second = make_publisher(broker.host, broker.port, spool_dir=str(spool_dir), keepalive_s=5,
+                            queue_limit=50)  # the backlog goes out in steps of 50
+    assert second.publish_detections("cam1", {"seq": 400})  # after the backlog, never before
+    broker.start()
+    assert sub.wait_for(lambda ms: {m.json()["seq"] for m in ms} >= set(range(401)), 20)
+    seqs = [m.json()["seq"] for m in sub.messages(topic)]
+    first_seen = list(dict.fromkeys(seqs))
+    assert first_seen == list(range(401))
+    assert _wait(lambda: second.stats()["spooled"] == 0, 10)
+    assert _wait(lambda: not list(spool_dir.glob("*.seg")), 5)  # acknowledged: deleted
+
+
+# ---------------------------------------------------------------- the real daemon
+
+@pytest.mark.shared
+def test_daemon_restart_during_an_outage_loses_no_detection(tmp_path, models, media, mosquitto_factory,
+                                                            subscriber_factory):
+    """Broker down; the daemon publishes a whole clip (spooled); SIGTERM; started again (without
+    the camera, so nothing new is made); broker up: every frame arrives, in order. Guarantee:
+    at-least-once across a restart (acknowledgements are not persisted), no loss, first copies
+    in order."""
+    broker = mosquitto_factory(persistence=True)
+    prefix, device, camera = "ys", "edge9", "door"
+    topic = f"{prefix}/{device}/cameras/{camera}/detections"
+    sub = subscriber_factory(broker, (topic,), client_id="spool-daemon-sub", clean_session=False)
+    broker.stop()
+    spool_dir = tmp_path / "spool"
+    sock_path = str(tmp_path / "run" / "control.sock")
+    config = {
+        "device_id": device,
+        "model": {"path": str(models / "yolov8n_coco_int8.onnx")},
+        "accelerators": [{"backend": "onnxruntime", "provider": "cpu", "devices": [0], "batch": 1}],
+        "cameras": [{"name": camera, "url": str(media / "indoor_people_480p_mpeg4.avi"),
+                     "realtime": False}],
+        "mqtt": {"host": broker.host, "port": broker.port, "topic_prefix": prefix,
+                 "reconnect_min_s": 0.2, "reconnect_max_s": 1, "spool_dir": str(spool_dir)},
+        "control": {"socket": sock_path},
+        "shutdown_timeout_s": 2,
+    }
+    path = write_config(tmp_path / "yoloedge.yaml", config)
+    notify = NotifySocket(tmp_path / "notify.sock")
+    daemons: list[Daemon] = []
+    try:
+        daemons.append(Daemon(path, notify))
+        notify.wait_for("READY", "1", timeout=60)
+        frames = 84  # the clip's frame count (as in test_daemon.py)
+
+        def clip_published() -> bool:
+            [cam] = status(sock_path)["cameras"]
+            return cam["state"] == "ended" and cam["published"] == cam["frames_in"] == frames
+
+        assert _wait(clip_published, 90), daemons[0].log[-3000:]
+        assert status(sock_path)["mqtt"]["spooled"] > frames  # detections and camera states
+        assert daemons[0].stop() == 0, daemons[0].log[-3000:]
+        assert list(spool_dir.glob("*.seg"))
+
+        config["cameras"] = []
+        write_config(path, config)
+        daemons.append(Daemon(path, notify))
+        notify.wait_for("READY", "1", timeout=60, count=2)
+        broker.start()
+        assert sub.wait_for(lambda ms: len({m.json()["frame"] for m in ms}) >= frames, 60), \
+            (status(sock_path)["mqtt"], len(sub.messages()), daemons[1].log[-3000:])
+        received = [m.json()["frame"] for m in sub.messages(topic)]
+        assert list(dict.fromkeys(received)) == list(range(frames))
+        assert _wait(lambda: status(sock_path)["mqtt"]["spooled"] == 0, 10)
+        assert daemons[1].stop() == 0, daemons[1].log[-3000:]
+        recovered = re.search(r"(\d+) message\(s\) from the previous run", daemons[1].log)
+        assert recovered and int(recovered.group(1)) > frames, daemons[1].log[-3000:]
+        print(f"\nspool across a restart: {len(received)} detection messages received for {frames} "
+              f"frames ({len(received) - frames} duplicates); {recovered.group(1)} recovered")
+    finally:
+        for d in daemons:
+            d.kill()
+        notify.close()
+
+
+def test_spool_outage_within_one_run_keeps_order(mosquitto_factory, subscriber_factory,
+                                                  make_publisher, tmp_path):
+    """Broker killed (in-flight messages unacknowledged) and back while publishing: the spool is
+    rewound to the oldest unacknowledged record; nothing lost, first copies in order."""
+    broker = mosquitto_factory(persistence=True)
+    topic = TOPICS.detections("cam1")
+    sub = subscriber_factory(broker, (topic,), client_id="spool-run-sub", clean_session=False)
+    pub = make_publisher(broker.host, broker.port, spool_dir=str(tmp_path / "spool"), keepalive_s=5)
+    assert pub.wait_connected(10)
+    seq = 0
+
+    def publish_for(seconds: float) -> None:
+        nonlocal seq
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            assert pub.publish_detections("cam1", {"seq": seq})
+            seq += 1
+            time.sleep(0.01)
+
+    publish_for(1.0)
+    broker.stop()
+    publish_for(1.5)
+    broker.start()
+    publish_for(1.0)
+    assert sub.wait_for(lambda ms: {m.json()["seq"] for m in ms} >= set(range(seq)), 20)
+    received = [m.json()["seq"] for m in sub.messages(topic)]
+    assert list(dict.fromkeys(received)) == list(range(seq))
+    assert _wait(lambda: pub.stats()["spooled"] == 0 and pub.stats()["queued"] == 0, 10)
+    assert pub.stats()["dropped"] == 0
+    print(f"\nspool outage: {seq} published, {len(received)} received "
+          f"({len(received) - seq} duplicates)")
+
+
+# ---------------------------------------------------------------- configuration
+
+def _load_mqtt(tmp_path, mqtt_lines: str):
+    from yoloedge.config.loader import load_config
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"never opened by the loader")
+    path = tmp_path / "yoloedge.yaml"
+    path.write_text(f"device_id: e1\nmodel:\n  path: {model}\nmqtt:\n{mqtt_lines}")
+    return load_config(str(path), {}), path
+
+
+def test_queue_bytes_and_spool_keys_load_and_default(tmp_path):
+    config, _ = _load_mqtt(tmp_path, "  host: broker\n")
+    assert (config.mqtt.queue_limit_bytes, config.mqtt.spool_dir, config.mqtt.spool_limit_bytes) == \
+        (64 * 1024 * 1024, None, 256 * 1024 * 1024)  # the README's documented defaults
+    config, path = _load_mqtt(tmp_path, "  queue_limit_bytes: 1048576\n  spool_dir: spool/mqtt\n"
+                                        "  spool_limit_bytes: 2097152\n")
+    assert config.mqtt.spool_dir == str(tmp_path / "spool" / "mqtt")  # relative to the file; creatable
+    assert (config.mqtt.queue_limit_bytes, config.mqtt.spool_limit_bytes) == (1048576, 2097152)
+    assert not (tmp_path / "spool").exists()  # checking does not create it
+
+
+@pytest.mark.parametrize("lines, key, words", [
+    ("  spool_dir: {file}\n", "mqtt.spool_dir", "not a directory"),
+    ("  spool_dir: {file}/below\n", "mqtt.spool_dir", "cannot be created"),
+    ("  queue_limit_bytes: 100\n", "mqtt.queue_limit_bytes", "65536"),
+    ("  spool_limit_bytes: -1\n", "mqtt.spool_limit_bytes", "1048576"),
+    ("  queue_limit_bytes: 64MiB\n", "mqtt.queue_limit_bytes", "whole number"),
+])
+def test_bad_queue_and_spool_settings_name_line_and_key(tmp_path, lines, key, words):
+    from yoloedge.config.errors import ConfigError
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError) as info:
+        _load_mqtt(tmp_path, lines.format(file=a_file))
+    [issue] = info.value.issues
+    assert issue.key_path == key and issue.line == 5 and words in issue.message + (issue.hint or "")
+
+
+def test_tls_handshake_that_never_completes_is_reported(make_publisher, caplog):
+    """tls: set, and the server accepts but never speaks TLS: paho's handshake timeout (5 s)."""
+    from yoloedge.config import TlsConfig
+    caplog.set_level(logging.DEBUG, logger="yoloedge")
+    server = FakeServer("silent")
+    try:
+        pub = make_publisher(server.host, server.port, tls=TlsConfig())
+        assert _wait(lambda: pub.stats()["last_error"] is not None, 15)
+        error = pub.stats()["last_error"]
+        assert f":{server.port}" in error and "timed out" in error, error
+        assert _wait(lambda: server.accepted >= 2, 20)  # and retried
+        assert len(_warnings(caplog, "timed out")) == 1
+    finally:
+        server.close()

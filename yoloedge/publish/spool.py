@@ -1,0 +1,395 @@
+"""A durable, bounded, ordered log of MQTT messages on disk (`mqtt.spool_dir`).
+
+Why it exists: the in-memory outbox dies with the process, so a restart during a broker outage
+(an update, a watchdog restart, a power cut) used to lose everything queued. With a spool the
+publisher writes every QoS >= 1 message here first and sends it from here, so one ordered log
+holds every message until the broker acknowledges it, across restarts.
+
+Format: append-only segment files `<first-seq>.seg` (20 digits, so names sort in order). Each
+record is `length:u32 crc32:u32 body`, big-endian, with body = `seq:u64 flags:u8 topic_len:u16
+topic payload` (flags: QoS in bits 0-1, retain in bit 2). A segment is closed when it reaches
+`segment_bytes`; the next append opens the next one. One process at a time: `open()` takes an
+exclusive lock on `<dir>/lock` (two daemons sharing a spool would send each other's records).
+
+Recovery (`open`): each segment is read record by record; a record cut short (a torn write at a
+crash) or whose CRC does not match ends that segment: it and everything after it in that file is
+cut off and counted in `discarded`. Acknowledgements are not written to disk, so every record
+that survived is sent again after a restart: delivery is at-least-once across a restart, in
+order; within one run every record is delivered once per connection (see publish/mqtt.py).
+
+Durability (fsync policy): the publisher calls `sync()` about once a second (`fsync_interval_s`),
+and `close()` at stop. A tick fsyncs each segment holding a record that was written before the
+previous tick and is still unacknowledged; `close()` fsyncs every unacknowledged record; the
+directory is fsynced with a new segment's first fsync, so its name survives too. A power cut
+during an outage therefore loses at most the records appended in the last two intervals (about
+2 s) before it; a process crash (kill -9) loses nothing that `append` returned for, because the
+data is in the kernel's page cache. On a healthy link records are acknowledged within the
+interval and deleted unsynced: the spool costs page-cache writes, not fsyncs. Deletions are not
+fsynced: a deleted segment that reappears after a power cut is only sent again (at-least-once).
+
+Bounded: segment files never exceed `limit_bytes` in all; an append that would exceed it first
+deletes the oldest segments, and their unacknowledged records are counted in `dropped`.
+
+Thread-safe: one internal lock, a leaf (no callback or other lock is taken while it is held).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+SEGMENT_SUFFIX = ".seg"
+LOCK_NAME = "lock"
+_HEADER = struct.Struct(">II")  # body length, crc32(body)
+_BODY = struct.Struct(">QBH")  # seq, flags, topic length
+_RETAIN = 0x04
+#: a record this large cannot be valid (MQTT payload limit + topic + body header): a corrupt length.
+_MAX_BODY = 268435455 + 65535 + _BODY.size
+
+
+@dataclass(frozen=True)
+class Record:
+    """One spooled message, as it will be handed to the MQTT client."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+
+
+@dataclass
+class _Segment:
+    """Records in one file have consecutive seqs (appends are serialised), so first and count
+    describe them; only the acknowledged ones are remembered one by one."""
+
+    first_seq: int
+    path: str
+    size: int = 0
+    count: int = 0
+    acked: set[int] = field(default_factory=set)
+    synced_upto: int = 0  # records below this seq are fsynced
+
+    @property
+    def end_seq(self) -> int:
+        return self.first_seq + self.count
+
+    @property
+    def done(self) -> bool:
+        return self.count > 0 and len(self.acked) == self.count
+
+    @property
+    def unacked(self) -> int:
+        return self.count - len(self.acked)
+
+
+def encode_record(seq: int, record: Record) -> bytes:
+    topic = record.topic.encode("utf-8")
+    flags = (record.qos & 0x03) | (_RETAIN if record.retain else 0)
+    body = _BODY.pack(seq, flags, len(topic)) + topic + bytes(record.payload)
+    return _HEADER.pack(len(body), zlib.crc32(body)) + body
+
+
+def _decode_body(body: bytes) -> tuple[int, Record]:
+    seq, flags, topic_len = _BODY.unpack_from(body)
+    start = _BODY.size
+    topic = body[start:start + topic_len].decode("utf-8")
+    return seq, Record(topic, body[start + topic_len:], flags & 0x03, bool(flags & _RETAIN))
+
+
+def read_segment(path: str, start: int = 0) -> tuple[list[tuple[int, Record]], int, int]:
+    """Records of one segment file from byte `start` on, the byte offset where the valid part
+    ends, and the file size. Stops at the first torn or corrupt record: nothing after it can be
+    trusted to be a record."""
+    records: list[tuple[int, Record]] = []
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read()
+    offset = 0
+    while offset + _HEADER.size <= len(data):
+        length, crc = _HEADER.unpack_from(data, offset)
+        end = offset + _HEADER.size + length
+        if length < _BODY.size or length > _MAX_BODY or end > len(data):
+            break
+        body = data[offset + _HEADER.size:end]
+        if zlib.crc32(body) != crc:
+            break
+        try:
+            records.append(_decode_body(body))
+        except (UnicodeDecodeError, struct.error):
+            break
+        offset = end
+    return records, start + offset, start + len(data)
+
+
+class Spool:
+    """See the module docstring. `open()` before use, `close()` at the end."""
+
+    def __init__(self, directory: str, limit_bytes: int, segment_bytes: int = 4 << 20,
+                 fsync_interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+        self.directory = directory
+        self.limit_bytes = limit_bytes
+        self.segment_bytes = max(1, min(segment_bytes, limit_bytes // 4))
+        self.fsync_interval_s = fsync_interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._segments: list[_Segment] = []  # oldest first; the last one may be open for appends
+        self._file: int | None = None  # fd of the open (last) segment
+        self._lock_fd: int | None = None  # holds the directory's flock while open
+        self._read_cache: tuple[_Segment, list[tuple[int, Record]], int] | None = None
+        self._dir_dirty = False  # a segment was created since the directory's last fsync
+        self._last_tick = clock()
+        self._watermark = 0  # _next_seq at the last tick: older records are due for fsync
+        self._next_seq = 0
+        self._cursor = 0  # next seq to hand out by read()
+        self._bytes = 0
+        self.recovered = 0
+        self.discarded_bytes = 0
+        self.dropped = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> int:
+        """Create the directory (0700) or recover what a previous run left; returns the number of
+        records recovered, all of which count as not yet sent."""
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        self._take_directory()
+        with self._lock:
+            names = sorted(n for n in os.listdir(self.directory) if n.endswith(SEGMENT_SUFFIX))
+            for name in names:
+                self._recover(os.path.join(self.directory, name))
+            self.recovered = sum(s.count for s in self._segments)
+            self._cursor = self._segments[0].first_seq if self._segments else self._next_seq
+            return self.recovered
+
+    def _take_directory(self) -> None:
+        fd = os.open(os.path.join(self.directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OSError(errno.EBUSY, "in use by another process", self.directory) from None
+        self._lock_fd = fd
+
+    def _recover(self, path: str) -> None:
+        records, valid_end, size = read_segment(path)
+        if valid_end < size:
+            self.discarded_bytes += size - valid_end
+            with open(path, "r+b") as f:
+                f.truncate(valid_end)
+                os.fsync(f.fileno())
+        seqs = [seq for seq, _ in records]
+        consecutive = seqs == list(range(seqs[0], seqs[0] + len(seqs))) if seqs else False
+        if not consecutive or (self._segments and seqs[0] < self._next_seq):
+            os.unlink(path)  # empty, or not written by this code: nothing usable in it
+            self.discarded_bytes += valid_end
+            return
+        self._segments.append(_Segment(seqs[0], path, valid_end, len(seqs), synced_upto=seqs[-1] + 1))
+        self._bytes += valid_end
+        self._next_seq = seqs[-1] + 1
+
+    def close(self) -> None:
+        """fsync and close; unacknowledged records stay on disk for the next run."""
+        with self._lock:
+            self._sync_locked(force=True)
+            self._close_file()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # releases the directory for the next run
+                self._lock_fd = None
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, record: Record) -> int:
+        """Write one record (not yet fsynced: see the module docstring); returns its seq."""
+        with self._lock:
+            seq = self._next_seq
+            data = encode_record(seq, record)
+            self._make_room(len(data))
+            segment, fd = self._writable_segment(seq)
+            os.write(fd, data)
+            segment.size += len(data)
+            segment.count += 1
+            self._bytes += len(data)
+            self._next_seq += 1
+            if segment.size >= self.segment_bytes:
+                self._seal()
+            return seq
+
+    def _writable_segment(self, seq: int) -> tuple[_Segment, int]:
+        if self._file is not None:
+            return self._segments[-1], self._file
+        path = os.path.join(self.directory, f"{seq:020d}{SEGMENT_SUFFIX}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self._file = fd
+        self._segments.append(_Segment(seq, path))
+        self._dir_dirty = True
+        return self._segments[-1], fd
+
+    def _seal(self) -> None:
+        """Close a full segment; the next append opens a new one. Its fsync is left to the
+        ticks, like the open segment's: usually it is acknowledged and deleted before."""
+        self._close_file()
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            os.close(self._file)
+            self._file = None
+
+    def _make_room(self, size: int) -> None:
+        """Delete the oldest segments until `size` more bytes fit (always keeps room for one)."""
+        while self._segments and self._bytes + size > self.limit_bytes:
+            oldest = self._segments[0]
+            if oldest is self._segments[-1] and self._file is not None:
+                self._close_file()
+            self.dropped += oldest.unacked
+            self._delete(oldest)
+
+    def _delete(self, segment: _Segment) -> None:
+        if self._read_cache is not None and self._read_cache[0] is segment:
+            self._read_cache = None
+        self._segments.remove(segment)
+        self._bytes -= segment.size
+        try:
+            os.unlink(segment.path)
+        except FileNotFoundError:
+            pass
+        if self._segments:
+            self._cursor = max(self._cursor, self._segments[0].first_seq)
+        else:
+            self._cursor = self._next_seq
+
+    def _sync_directory(self) -> None:
+        """Make a created or deleted file name durable (the file's own fsync does not)."""
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        except OSError as exc:  # some filesystems refuse fsync on a directory
+            if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+                raise
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ reading and acks
+
+    def read(self, max_records: int, max_bytes: int) -> list[tuple[int, Record]]:
+        """Up to `max_records` not yet handed out (and not acknowledged), oldest first, about
+        `max_bytes` of payload at most (always at least one); advances the cursor past them."""
+        with self._lock:
+            out: list[tuple[int, Record]] = []
+            size = 0
+            for segment in self._segments:
+                if segment.end_seq <= self._cursor:
+                    continue
+                records = self._records(segment)
+                for index in range(max(0, self._cursor - segment.first_seq), len(records)):
+                    seq, record = records[index]
+                    if out and (len(out) >= max_records or size + len(record.payload) > max_bytes):
+                        return out
+                    self._cursor = seq + 1
+                    if seq in segment.acked:
+                        continue
+                    out.append((seq, record))
+                    size += len(record.payload)
+                if len(out) >= max_records:
+                    break
+            return out
+
+    def _records(self, segment: _Segment) -> list[tuple[int, Record]]:
+        """The segment's records, decoded once: the segment being read is cached, and the open
+        one is read on from where the cache ends, so a backlog is read once, not per batch."""
+        cache = self._read_cache
+        if cache is None or cache[0] is not segment:
+            cache = self._read_cache = (segment, [], 0)
+        _, records, offset = cache
+        if offset < segment.size:
+            more, offset, _ = read_segment(segment.path, offset)
+            records.extend(more)
+            self._read_cache = (segment, records, offset)
+        return records
+
+    def take(self, seq: int) -> bool:
+        """Hand out `seq` without reading it back (the caller has the record): True when it is
+        the next one to hand out, i.e. nothing older is waiting."""
+        with self._lock:
+            if self._cursor != seq:
+                return False
+            self._cursor = seq + 1
+            return True
+
+    def rewind(self, seq: int) -> None:
+        """Hand out records again from `seq` on (after a lost connection); acknowledged ones are
+        skipped by read()."""
+        with self._lock:
+            self._cursor = min(self._cursor, max(seq, self._segments[0].first_seq if self._segments else seq))
+
+    def ack(self, seq: int) -> None:
+        """The broker acknowledged `seq`; its segment is deleted by sync() once all are."""
+        with self._lock:
+            for segment in self._segments:
+                if segment.first_seq <= seq < segment.end_seq:
+                    segment.acked.add(seq)
+                    return
+
+    def sync(self, force: bool = False) -> None:
+        """Delete fully acknowledged segments; fsync the open one when due (or `force`)."""
+        with self._lock:
+            self._sync_locked(force)
+
+    def _sync_locked(self, force: bool) -> None:
+        for segment in list(self._segments):
+            is_open = segment is self._segments[-1] and self._file is not None
+            if segment.done and (not is_open or self._cursor >= self._next_seq):
+                if is_open:
+                    self._close_file()
+                self._delete(segment)
+        now = self._clock()
+        if not force and now - self._last_tick < self.fsync_interval_s:
+            return
+        for segment in self._segments:
+            # fsync only for records still unacknowledged a whole interval after they were
+            # written: during an outage every record; on a healthy link none, so no disk writes.
+            upto = segment.end_seq if force else min(self._watermark, segment.end_seq)
+            due = range(max(segment.synced_upto, segment.first_seq), upto)
+            if any(seq not in segment.acked for seq in due):
+                self._fsync(segment)
+            elif due:
+                segment.synced_upto = due.stop  # all acknowledged: never needs an fsync
+        if not force:
+            self._watermark, self._last_tick = self._next_seq, now
+
+    def _fsync(self, segment: _Segment) -> None:
+        if segment is self._segments[-1] and self._file is not None:
+            os.fsync(self._file)
+        else:  # a sealed segment: fsync works on a read-only descriptor
+            fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        segment.synced_upto = segment.end_seq
+        if self._dir_dirty:
+            self._sync_directory()
+            self._dir_dirty = False
+
+    # ------------------------------------------------------------------ counters
+
+    @property
+    def has_unsent(self) -> bool:
+        with self._lock:
+            return self._cursor < self._next_seq and bool(self._segments)
+
+    @property
+    def unacked(self) -> int:
+        with self._lock:
+            return sum(s.unacked for s in self._segments)
+
+    @property
+    def size_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
