@@ -31,8 +31,9 @@ from typing import Mapping
 from . import __version__
 from .config.errors import ConfigError, ConfigIssue
 from .config.loader import load_config
-from .config.schema import CameraConfig, Config
-from .control.server import ControlServer
+from .config.schema import CameraConfig, Config, MqttConfig
+from .control.server import AlreadyRunning, ControlServer
+from .health.logsetup import redact_text
 from .health.notify import SystemdNotifier, watchdog_interval_s
 from .health.progress import Problem, ProgressTracker
 from .pipeline.cameras import CameraRuntime, is_lossless, queue_size_for
@@ -48,6 +49,10 @@ log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
+#: another daemon owns the control socket (sysexits EX_CANTCREAT: the socket cannot be created).
+#: Not 78 (the configuration is fine) and not 1; the unit lists it in RestartPreventExitStatus
+#: so systemd does not retry every RestartSec while the other one runs.
+EXIT_ALREADY_RUNNING = 73
 TICK_S = 0.1
 #: camera states that make the daemon report a problem (for an enabled camera)
 UNHEALTHY_CAMERA_STATES = frozenset({CameraState.STALLED, CameraState.BACKOFF, CameraState.FAILED,
@@ -96,6 +101,11 @@ class Daemon:
     def run(self) -> int:
         self._install_signal_handlers()
         try:
+            self._start_control()
+        except AlreadyRunning as exc:  # before MQTT and devices: nothing to shut down
+            log.error("not starting: %s", exc)
+            return EXIT_ALREADY_RUNNING
+        try:
             return self._run()
         finally:
             self._shutdown()
@@ -108,9 +118,20 @@ class Daemon:
 
     # -- signals -----------------------------------------------------------------------------
     def _install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_stop_signal)
-        signal.signal(signal.SIGINT, self._on_stop_signal)
-        signal.signal(signal.SIGHUP, lambda signum, frame: self._reload.set())
+        """Install the handlers, then unblock their signals.
+
+        `yoloedge run` blocks these from its first line (cli.main) so that a SIGHUP or SIGTERM
+        during imports and config loading waits instead of killing the process; unblocking here
+        delivers it: a pending stop stops the start-up, a pending reload is applied once running.
+        """
+        handlers = {signal.SIGTERM: self._on_stop_signal, signal.SIGINT: self._on_stop_signal,
+                    signal.SIGHUP: self._on_reload_signal}
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, handlers)
+
+    def _on_reload_signal(self, signum, frame) -> None:
+        self._reload.set()
 
     def _on_stop_signal(self, signum, frame) -> None:
         self._signals += 1
@@ -124,7 +145,6 @@ class Daemon:
         cfg = self.config
         log.info("yoloedge %s starting: config %s, device_id %s", __version__, self.config_path, cfg.device_id)
         self.notifier.status("starting: loading models")
-        self._start_control()
         publisher = self._start_publisher(cfg)
         if not self._start_accelerators(cfg):
             return EXIT_FAILURE
@@ -141,10 +161,17 @@ class Daemon:
         return EXIT_OK
 
     def _start_control(self) -> None:
+        """Open the control socket; AlreadyRunning when another daemon owns it.
+
+        Any other failure (a directory that cannot be created, ...) only costs `yoloedge-ctl`.
+        """
         path = self.config.control.socket
         try:
             self.control = ControlServer(path, self.config.control.mode, self._handle_control)
             self.control.start()
+        except AlreadyRunning:
+            self.control = None
+            raise
         except OSError as exc:
             log.error("control socket %s unavailable (%s); yoloedge-ctl will not reach this daemon", path, exc)
             self.control = None
@@ -180,7 +207,7 @@ class Daemon:
         group = self._group_for(camera)
         self._warn_unknown_classes(camera, group)
         queue = reader = None
-        failed = None if group.running_workers else f"accelerator {group.name} did not start"
+        failed = None if group.serving else f"accelerator {group.name} did not start"
         if camera.enabled and failed is None:
             intake = group.add_camera(camera.name, queue_size_for(camera, group.config.batch), is_lossless(camera))
             queue = intake.queue
@@ -229,13 +256,14 @@ class Daemon:
             if self._reload.is_set():
                 self._reload.clear()
                 self._do_reload()
-            problems = self.tracker.check()
             if watchdog_every and now - last_ping >= watchdog_every:
-                if not problems:
+                # One healthy device keeps the service alive: a down card restarts on its own.
+                if self.tracker.making_progress():
                     self.notifier.watchdog()
                     last_ping = now
                 elif now - last_ping >= watchdog_every * 2:
-                    log.error("not petting the systemd watchdog: %s", "; ".join(map(str, problems)))
+                    log.error("not petting the systemd watchdog, no device makes progress: %s",
+                              "; ".join(map(str, self.tracker.check())))
             if now - last_status >= self.config.health.status_interval_s:
                 self.notifier.status(self._status_line())
                 last_status = now
@@ -259,17 +287,22 @@ class Daemon:
 
     # -- reload ------------------------------------------------------------------------------
     def _do_reload(self) -> None:
+        """Load and apply the file; nothing in it may end the daemon. Any failure, expected (a
+        ConfigError) or not (a camera or client that cannot start), rejects the file: what was
+        changed is put back, the daemon runs on with generation N, and status shows why."""
         self.state = DaemonState.RELOADING
         self.notifier.reloading()
         try:
             new = load_config(self.config_path, self.environ)
             self._check_reloadable(new)
-        except ConfigError as exc:
-            self.config_error = str(exc)
-            log.error("reload rejected, keeping the running configuration (generation %d):\n%s",
-                      self.generation, exc)
-        else:
             self._apply(new)
+        except ConfigError as exc:
+            self._reject(str(exc))
+        except Exception as exc:  # noqa: BLE001 - a reload must never end the daemon; reported below
+            log.debug("reload: applying the new configuration failed", exc_info=True)
+            self._reject(f"{self.config_path}: cannot apply the new configuration: "
+                         f"{redact_text(str(exc)) or type(exc).__name__}")
+        else:
             self.generation += 1
             self.config_error = None
             log.info("configuration reloaded: generation %d", self.generation)
@@ -277,6 +310,11 @@ class Daemon:
         self.notifier.ready(self._status_line())
         with self._reload_done:
             self._reload_done.notify_all()
+
+    def _reject(self, reason: str) -> None:
+        self.config_error = reason
+        log.error("reload rejected, keeping the running configuration (generation %d):\n%s",
+                  self.generation, reason)
 
     def _check_reloadable(self, new: Config) -> None:
         unknown = [c.name for c in new.cameras if c.accelerator and c.accelerator not in self.groups]
@@ -286,19 +324,37 @@ class Daemon:
                                            f"running; accelerators change only on restart", None)])
 
     def _apply(self, new: Config) -> None:
+        """Publisher first, then cameras; when either fails, both go back to the running config
+        and the failure is raised for `_do_reload` to report."""
         old = self.config
-        self.ignored_changes = [key for key in ("device_id", "model", "accelerators", "control")
-                                if getattr(new, key) != getattr(old, key)]
-        if self.ignored_changes:
-            log.warning("reload: %s changed; restart the service to apply (kept running as before)",
-                        ", ".join(self.ignored_changes))
+        ignored = [key for key in ("device_id", "model", "accelerators", "control")
+                   if getattr(new, key) != getattr(old, key)]
         if new.mqtt != old.mqtt:
-            self._replace_publisher(new)
-        self.config = dataclasses.replace(new, device_id=old.device_id, model=old.model,
-                                          accelerators=old.accelerators, control=old.control)
-        self._apply_cameras(old.cameras, new.cameras)
+            self._replace_publisher(new.mqtt, old.mqtt)
+        try:
+            self.config = dataclasses.replace(new, device_id=old.device_id, model=old.model,
+                                              accelerators=old.accelerators, control=old.control)
+            self._apply_cameras(old.cameras, new.cameras)
+        except Exception:
+            self.config = old
+            self._apply_cameras(self._running_cameras(), old.cameras, strict=False)
+            if new.mqtt != old.mqtt:
+                self._replace_publisher(old.mqtt, new.mqtt)
+            raise
+        self.ignored_changes = ignored
+        if ignored:
+            log.warning("reload: %s changed; restart the service to apply (kept running as before)",
+                        ", ".join(ignored))
 
-    def _apply_cameras(self, old: tuple[CameraConfig, ...], new: tuple[CameraConfig, ...]) -> None:
+    def _running_cameras(self) -> tuple[CameraConfig, ...]:
+        with self._lock:
+            return tuple(runtime.config for runtime in self.cameras.values())
+
+    def _apply_cameras(self, old: tuple[CameraConfig, ...], new: tuple[CameraConfig, ...],
+                       strict: bool = True) -> None:
+        """Move the cameras from `old` to `new`, one by one. A camera that cannot start raises
+        (after its old settings are back) when `strict`; when rolling back, it is logged and the
+        others still go back."""
         before = {c.name: c for c in old}
         after = {c.name: c for c in new}
         for name in before.keys() - after.keys():
@@ -308,22 +364,54 @@ class Daemon:
             if name in before and before[name] != cam:
                 log.info("reload: restarting camera %s with its new settings", name, extra={"camera": name})
                 self._remove_camera(name, clear_state=False)
-                self._add_camera(cam)
+                self._start_camera(cam, before[name], strict)
             elif name not in before:
                 log.info("reload: adding camera %s", name, extra={"camera": name})
-                self._add_camera(cam)
+                self._start_camera(cam, None, strict)
 
-    def _replace_publisher(self, new: Config) -> None:
+    def _start_camera(self, camera: CameraConfig, previous: CameraConfig | None, strict: bool) -> None:
+        try:
+            self._add_camera(camera)
+        except Exception as exc:
+            self._forget_half_added(camera)
+            if previous is not None:
+                self._start_camera(previous, None, strict=False)
+            if strict:
+                raise
+            log.error("reload: camera %s could not be started: %s", camera.name, exc, extra={"camera": camera.name})
+
+    def _forget_half_added(self, camera: CameraConfig) -> None:
+        """`_add_camera` registers the camera's queue before it builds the reader: undo what it did."""
+        with self._lock:
+            registered = camera.name in self.cameras
+        if registered:
+            self._remove_camera(camera.name, clear_state=False)
+        else:
+            group = self.groups.get(camera.accelerator or next(iter(self.groups)))
+            if group is not None:
+                group.batcher.remove_camera(camera.name)
+
+    def _replace_publisher(self, settings: MqttConfig, fallback: MqttConfig) -> None:
+        """Reconnect with `settings`; when the new client cannot start, reconnect with `fallback`
+        (the settings that worked) and raise."""
         log.info("reload: MQTT settings changed, reconnecting")
         # The old client goes first: both would use the same client id, and the broker would
         # bounce the connection between them (and fire the Last Will) while both lived.
         old = self.publisher
         if old is not None:
             old.stop(timeout_s=5.0, final_status=None)
-        fresh = MqttPublisher(new.mqtt, self.config.device_id, __version__)
-        fresh.start()
-        fresh.set_status("online")
-        self.publisher = fresh
+        self.publisher = None  # results and states wait (dropped) until a client runs again
+        try:
+            self.publisher = self._online_publisher(settings)
+        except Exception:
+            self.publisher = self._online_publisher(fallback)
+            raise
+
+    def _online_publisher(self, settings: MqttConfig) -> MqttPublisher:
+        publisher = MqttPublisher(settings, self.config.device_id, __version__)
+        publisher.start()
+        publisher.set_status("online")
+        return publisher
 
     # -- control socket ----------------------------------------------------------------------
     def _handle_control(self, request: dict) -> dict:
@@ -342,7 +430,8 @@ class Daemon:
     def status(self) -> dict:
         problems = self._problems()
         with self._lock:
-            cameras = [c.status() for c in self.cameras.values()]
+            cameras = [{**c.status(), "rebalanced": self.groups[c.group].batcher.rebalanced_of(c.name)}
+                       for c in self.cameras.values()]
         accelerators = []
         for group in self.groups.values():
             for w in group.workers:

@@ -21,9 +21,9 @@ class AcceleratorConfig:
     devices: tuple[int, ...] = (0,)
     batch: int = 1  # most frames per inference (a dynamic-batch model may run fewer)
     batch_timeout_ms: float = 10.0  # how long a partial batch waits for more frames
-    #: an inference running longer than this marks the worker hung (no watchdog pings).
+    #: an inference running longer than this is abandoned and its device reopened (with backoff).
     inference_timeout_s: float = 10.0
-    #: consecutive failed inferences after which the worker is reported unhealthy.
+    #: consecutive failed inferences after which the device is released and reopened (with backoff).
     max_consecutive_errors: int = 5
     #: input buffers per device: one executes while the next is filled (2: double buffering).
     input_buffers: int = 2
@@ -103,7 +103,7 @@ class MqttConfig:
 class HealthConfig:
     #: a camera with no good frame for this long is stalled and reconnected.
     stall_timeout_s: float = 10.0
-    #: send WATCHDOG=1 to systemd (when WatchdogSec= is set) while every worker makes progress.
+    #: send WATCHDOG=1 to systemd (when WatchdogSec= is set) while at least one device makes progress.
     watchdog: bool = True
     status_interval_s: float = 5.0
 

@@ -1,9 +1,12 @@
-"""Is every device worker making progress? The answer gates the systemd watchdog ping.
+"""Is any device worker making progress? The answer gates the systemd watchdog ping.
 
 A hung accelerator call (driver stuck, device lost) blocks its worker thread forever; Python
-cannot interrupt it. The only cure is a restart, which systemd performs when the watchdog
-pings stop. So each worker reports `busy()` before an inference and `idle()` / `failed()`
-after it, and the daemon sends WATCHDOG=1 only while `check()` finds no problem.
+cannot interrupt it. The worker's supervisor abandons such a call and opens the device again on a
+fresh thread (see `pipeline.worker`), while the group's other devices go on serving. So each
+worker reports `busy()` before an inference and `idle()` / `failed()` after it, `abandoned()`
+when its call was given up, and the daemon sends WATCHDOG=1 while `making_progress()`: at least
+one device is healthy. Only when none is does systemd restart the whole service; `check()` still
+lists every problem for status.
 
 A worker with nothing to do (no frames) is idle, and idle is healthy: a quiet night with no
 camera traffic must not restart the daemon.
@@ -124,6 +127,14 @@ class ProgressTracker:
         with self._lock:
             self._get(name).unhealthy_reason = reason
 
+    def abandoned(self, name: str, reason: str) -> None:
+        """The worker gave up on its running call (it hung): no longer busy, unhealthy until
+        `mark_healthy` (its device opened again)."""
+        with self._lock:
+            worker = self._get(name)
+            worker.busy_since = None
+            worker.unhealthy_reason = reason
+
     def mark_healthy(self, name: str) -> None:
         """Clear `mark_unhealthy` (the worker recovered, e.g. after re-opening its device)."""
         with self._lock:
@@ -138,6 +149,14 @@ class ProgressTracker:
         with self._lock:
             return [problem for name, worker in self._workers.items()
                     for problem in _problems(name, worker, now)]
+
+    def making_progress(self, now: float | None = None) -> bool:
+        """True while at least one worker has no problem (or none is registered): a card that is
+        down while a sibling serves must not get the whole daemon restarted."""
+        now = self._clock() if now is None else now
+        with self._lock:
+            return not self._workers or any(not _problems(name, worker, now)
+                                            for name, worker in self._workers.items())
 
     def snapshot(self, now: float | None = None) -> list[WorkerProgress]:
         """Every worker's state, in registration order, for the status report."""

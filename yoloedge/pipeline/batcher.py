@@ -18,6 +18,14 @@ whichever device ran them.
 Frames are taken from the cameras round-robin, one per camera per turn, so a fast camera cannot
 starve a slow one when slots are scarce; a full keep-latest queue meanwhile drops its oldest frame.
 
+A device that fails or hangs takes its buffers out (`remove_buffers`), so new frames go only to
+the other devices of the group, which count them as `rebalanced` (per camera and per device) while
+a sibling is down (`set_down`). The batches it had sealed are given up, their tickets skipped:
+moving one to another device would deadlock, because that device may already have run later
+tickets whose output sets now wait in post-processing for this older one, and it cannot run the
+older one until an output set comes back. With no device left, frames wait in the cameras'
+bounded queues, where a keep-latest queue drops (and counts) its oldest.
+
 Conditions (all on `lock`): `_work` wakes preparers (a frame or room appeared), `_batches` wakes
 workers (a buffer was sealed, completed, or opened), each queue's own condition wakes its blocked
 lossless reader.
@@ -38,6 +46,9 @@ from .intake import Resized
 from .queues import FrameQueue
 from .slots import BatchBuffer
 
+#: how long `remove_buffers` waits for preparers still writing into a leaving device's buffers
+FILL_WAIT_S = 5.0
+
 
 class Batcher:
     def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic):
@@ -55,6 +66,10 @@ class Batcher:
         self._running: dict[str, int] = {}
         self._tickets = itertools.count()
         self._closed = False
+        self._device_of: dict[str, str] = {}  # buffer owner -> the device it belongs to
+        self._down: set[str] = set()  # devices failed or restarting
+        self._rebalanced_camera: collections.Counter[str] = collections.Counter()
+        self._rebalanced_device: collections.Counter[str] = collections.Counter()
 
     # -- cameras ---------------------------------------------------------------------------------
     def add_camera(self, camera: str, maxsize: int, lossless: bool) -> FrameQueue:
@@ -84,18 +99,20 @@ class Batcher:
             return sum(len(q) for q in self._order) + waiting + (self._open.claimed if self._open else 0)
 
     # -- devices ---------------------------------------------------------------------------------
-    def add_buffers(self, owner: str, arrays: list[np.ndarray]) -> None:
-        """A device's input sets join the pool (its worker has opened the backend)."""
+    def add_buffers(self, owner: str, arrays: list[np.ndarray], device: str | None = None) -> None:
+        """A device's input sets join the pool (its worker has opened the backend). `owner` names
+        this opening of the device: buffers of an earlier one never come back into the pool."""
         buffers = [BatchBuffer(owner, i, a) for i, a in enumerate(arrays)]
         with self.lock:
             self._sealed[owner] = collections.deque()
             self._running[owner] = 0
+            self._device_of[owner] = device or owner
             self._free.extend(buffers)
             self._work.notify_all()
 
     def remove_buffers(self, owner: str) -> list[BatchBuffer]:
-        """A device leaves (its worker stops). Returns its buffers that still held frames, whose
-        tickets the caller must give up so post-processing does not wait for them."""
+        """A device leaves (its worker stops, fails or hangs). Returns its buffers that still held
+        frames, whose tickets the caller must give up so post-processing does not wait for them."""
         with self.lock:
             self._free = collections.deque(b for b in self._free if b.owner != owner)
             if self._open is not None and self._open.owner == owner:
@@ -105,9 +122,38 @@ class Batcher:
                     self._open = None
             lost = list(self._sealed.pop(owner, ()))
             self._running.pop(owner, None)
+            self._device_of.pop(owner, None)
+            # A preparer may still be writing a claimed slot: the memory must not be freed before
+            # it is done. Sealed, the buffer wakes us once it is complete.
+            deadline = time.monotonic() + FILL_WAIT_S
+            while any(not b.ready for b in lost) and (remaining := deadline - time.monotonic()) > 0:
+                self._batches.wait(remaining)
             self._work.notify_all()
             self._batches.notify_all()
             return lost
+
+    def set_down(self, device: str, down: bool) -> None:
+        """`device` failed or restarts (True) or serves again (False): while any is down, the
+        frames the others take are counted as rebalanced."""
+        with self.lock:
+            if down:
+                self._down.add(device)
+            else:
+                self._down.discard(device)
+
+    def _count_rebalanced(self, camera: str, buffer: BatchBuffer) -> None:
+        self._rebalanced_camera[camera] += 1
+        self._rebalanced_device[self._device_of.get(buffer.owner, buffer.owner)] += 1
+
+    def rebalanced_to(self, device: str) -> int:
+        """Frames `device` took on while a sibling was down."""
+        with self.lock:
+            return self._rebalanced_device[device]
+
+    def rebalanced_of(self, camera: str) -> int:
+        """Frames of `camera` that went to another device while one was down."""
+        with self.lock:
+            return self._rebalanced_camera[camera]
 
     def close(self) -> None:
         """Wake everyone for shutdown: preparers and workers return None from now on."""
@@ -128,6 +174,8 @@ class Batcher:
                     buffer = self._open or self._choose_free()
                     if buffer is not None:
                         frame = self._next_frame()
+                        if self._down:
+                            self._count_rebalanced(frame.camera, buffer)
                         return frame, buffer, self._claim(buffer), self._clock()
                 if waited:
                     return None

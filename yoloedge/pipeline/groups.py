@@ -86,10 +86,16 @@ class AcceleratorGroup:
         return [w for w in self.workers if w.state is WorkerState.RUNNING]
 
     @property
+    def serving(self) -> bool:
+        """Some device runs or is coming back (backoff, restarting): cameras may join the group."""
+        return any(w.state in (WorkerState.RUNNING, WorkerState.BACKOFF, WorkerState.RESTARTING)
+                   for w in self.workers)
+
+    @property
     def detector(self) -> Detector | None:
-        """The detector of any running worker (all load the same model)."""
-        running = self.running_workers
-        return running[0].detector if running else None
+        """The model as a worker opened it (all load the same one); a device that is restarting
+        still describes it, so cameras can be added while a card recovers."""
+        return next((w.detector for w in self.running_workers + self.workers if w.detector is not None), None)
 
     def busy(self) -> bool:
         """Frames still on their way: queued, in a buffer, on a device or being published."""
@@ -113,6 +119,8 @@ class AcceleratorGroup:
             w.join(timeout)
             if w.is_alive():
                 log.error("%s did not stop within %.1f s (device call hung?)", w.worker_name, timeout)
+            elif w.hung_calls:
+                log.warning("%s: %d abandoned device call(s) never returned", w.worker_name, w.hung_calls)
 
     def stop_post(self, timeout: float) -> None:
         if not self.post.stop(timeout):

@@ -19,7 +19,7 @@ import numpy as np
 from ..preprocess import Geometry
 
 if TYPE_CHECKING:
-    from .worker import DeviceWorker
+    from .worker import Incarnation
 
 
 @dataclass(slots=True)
@@ -77,8 +77,8 @@ class OutputSet:
     """One output set of one device: the outputs of one run and the frames they belong to, until
     post-processing has published them and hands the set back to its worker."""
 
-    def __init__(self, worker: DeviceWorker, index: int, capacity: int):
-        self.worker = worker
+    def __init__(self, worker: Incarnation, index: int, capacity: int):
+        self.worker = worker  # the opening of the device that owns it (see `worker.Incarnation`)
         self.index = index  # output set number, for backend.run
         self.metas = new_metas(capacity)
         self.outputs: list[np.ndarray] = []

@@ -1,13 +1,36 @@
-"""Device workers: one thread per accelerator device, owning its backend, doing nothing but execute.
+"""Device workers: one per accelerator device, owning its backend, doing nothing but execute.
 
-Every device call (load, allocate, copy, execute, free) happens on the worker's own thread, as
-pyACL and CUDA contexts require. At start the worker opens its backend with several input sets
-and output sets (allocated once), warms the model up, and lends its input sets to the batcher.
-Then it only waits for a sealed batch, runs it from its input set into a free output set, gives
-the input set back for refilling and hands the output set to post-processing. Letterboxing
-happens on the preparers' threads, decode and NMS on post-processing's, so the device is kept
-busy as long as the host can feed it. A worker waiting for a free output set is back-pressure:
-post-processing is behind, and memory stays bounded.
+Every device call (load, allocate, copy, execute, free) happens on one thread, as pyACL and CUDA
+contexts require. That thread opens its backend with several input sets and output sets
+(allocated once), warms the model up, and lends its input sets to the batcher. Then it only waits
+for a sealed batch, runs it from its input set into a free output set, gives the input set back for
+refilling and hands the output set to post-processing. Letterboxing happens on the preparers'
+threads, decode and NMS on post-processing's, so the device is kept busy as long as the host can
+feed it. A worker waiting for a free output set is back-pressure: post-processing is behind, and
+memory stays bounded.
+
+Recovery. One such thread and what it opened is an `Incarnation`; the `DeviceWorker` is the
+device's supervisor and outlives them. An incarnation whose inferences fail
+`max_consecutive_errors` times in a row takes its buffers out of the batcher (its sealed batches
+are given up, see `batcher`), waits for post-processing to hand back its output sets, releases its
+device in reverse order on its own thread and ends. An incarnation whose call runs past
+`inference_timeout_s` cannot be stopped (Python cannot kill a thread), so it is *abandoned*: its
+buffers leave the batcher at once, the hung batch's ticket is given up so publishing does not wait
+for it, and whatever the call returns later is discarded. Its memory is
+not reused: on a card the hung call still owns its input and output buffers, so they stay
+allocated until the call returns and the abandoned thread frees them itself (on the thread that
+owns the context). Either way the supervisor then waits a backoff (`RestartPolicy`) and opens the
+device again on a fresh thread. It does not wait for a hung call to return, because it may never
+return: a new backend is independent of the hung one (a new ONNX Runtime session; on Ascend a new
+context and stream on the same device, `set_device` being reference-counted), and the other cards
+are never touched. At most `max_hung` abandoned calls per device are left running; past that the
+worker waits for one to return before it opens the device again, so a card that hangs on every
+call cannot pile up threads and device memory.
+
+The next opening's backend is constructed (which touches no device) before the current one is
+released: a runtime shared by the whole process and finalised when its last user leaves (pyACL,
+which can be initialised only once per process) must stay initialised across the restart of a
+process's only card.
 """
 
 from __future__ import annotations
@@ -16,8 +39,9 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ..backends.base import Backend
 from ..config.model import ModelConfig
@@ -26,29 +50,85 @@ from ..detector import Detector
 from ..health.progress import ProgressTracker
 from ..metrics import LatencyWindow, RateMeter
 from .batcher import Batcher
+from .post import PostStage
 from .slots import BatchBuffer, OutputSet
-
-if TYPE_CHECKING:
-    from .post import PostStage
 
 log = logging.getLogger(__name__)
 
+#: how often the supervisor looks for a hung call or a due restart (real time; deadlines use the clock)
+SUPERVISE_EVERY_S = 0.05
+
 
 class WorkerState(str, Enum):
-    STARTING = "starting"  # loading the model, allocating, warming up
+    STARTING = "starting"  # loading the model, allocating, warming up (the first time)
     RUNNING = "running"  # serving batches
-    FAILED = "failed"  # could not start (startup_error says why); its thread has ended
+    BACKOFF = "backoff"  # the device failed or hung and was let go; waiting to open it again
+    RESTARTING = "restarting"  # opening the device again on a fresh thread
+    FAILED = "failed"  # could not start at all (startup_error says why); not retried
     STOPPED = "stopped"  # stopped and its device released
 
     def __str__(self) -> str:
         return self.value
 
 
-class DeviceWorker(threading.Thread):
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a failed or hung device is opened again: after `first_delay_s`, doubling with every
+    failed attempt up to `max_delay_s`; a device that has run `healthy_reset_s` without failing
+    starts again from `first_delay_s`. Quick for a one-off fault, never a tight loop for a card
+    that stays broken. The daemon uses the defaults; tests pass their own."""
+
+    first_delay_s: float = 1.0
+    max_delay_s: float = 60.0
+    healthy_reset_s: float = 60.0
+    max_hung: int = 2  # abandoned calls left running per device before restarts wait for one
+
+
+class Incarnation:
+    """One life of a device worker: the thread that opened the backend and everything it owns.
+    Output sets point here, so a late output set goes back to the life that made it."""
+
+    def __init__(self, worker: DeviceWorker, generation: int):
+        self.worker = worker
+        self.generation = generation
+        #: the batcher's key for its buffers: a late `release` of an abandoned life finds no owner
+        self.owner = f"{worker.worker_name}#{generation}"
+        suffix = f"#{generation}" if generation > 1 else ""
+        self.thread = threading.Thread(target=worker._live, args=(self,), name=f"worker-{worker.worker_name}{suffix}",
+                                       daemon=True)
+        self.detector: Detector | None = None
+        self.free_outputs: queue.SimpleQueue[OutputSet] = queue.SimpleQueue()
+        self.output_sets = 0
+        self.open_error: str | None = None  # opening the device failed
+        self.failure: str | None = None  # it served, then gave up (too many failures in a row)
+        self.abandoned = False  # its call hung: nothing it does from now on counts
+        self.busy_since: float | None = None  # a device call (open or run) started then
+        self.running: BatchBuffer | None = None  # the batch on the device
+        self.stop = threading.Event()
+        self.done = threading.Event()  # it released its device; its thread ends
+
+    @property
+    def loaded(self) -> Detector:
+        if self.detector is None:
+            raise RuntimeError(f"{self.owner}: the device has not started")
+        return self.detector
+
+    @property
+    def in_flight(self) -> bool:
+        return self.running is not None
+
+    def release_output_set(self, output_set: OutputSet) -> None:
+        self.free_outputs.put(output_set)
+
+
+class DeviceWorker:
+    """A device's supervisor: starts an incarnation, replaces it when it fails or hangs, reports."""
+
     def __init__(self, name: str, accelerator: AcceleratorConfig, device: int, model: ModelConfig,
                  batcher: Batcher, post: PostStage, tracker: ProgressTracker,
-                 backend_factory: Callable[[], Backend], clock: Callable[[], float] = time.monotonic):
-        super().__init__(name=f"worker-{name}", daemon=True)
+                 backend_factory: Callable[[], Backend], clock: Callable[[], float] = time.monotonic,
+                 restart: RestartPolicy = RestartPolicy()):
+        self.name = f"worker-{name}"
         self.worker_name = name
         self.accelerator = accelerator
         self.device = device
@@ -56,14 +136,26 @@ class DeviceWorker(threading.Thread):
         self.batcher = batcher
         self.post = post
         self.tracker = tracker
+        self.restart = restart
         self._backend_factory = backend_factory
         self._clock = clock
-        self.detector: Detector | None = None
         self.ready = threading.Event()
         self.startup_error: str | None = None
         self.state = WorkerState.STARTING
         self._stop_event = threading.Event()
-        self._free_outputs: queue.SimpleQueue[OutputSet] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # state, the current incarnation, abandonment
+        self._current: Incarnation | None = None
+        self._hung: list[Incarnation] = []
+        self._generation = 0
+        self._delay = restart.first_delay_s
+        self._running_since: float | None = None
+        self._last_detector: Detector | None = None
+        self._spare: Backend | None = None  # the next opening's backend (see the module docstring)
+        self._supervisor = threading.Thread(target=self._supervise, name=f"supervise-{name}", daemon=True)
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.next_retry_mono: float | None = None
         self.inferences = RateMeter(clock=clock)
         self.frames_done = RateMeter(clock=clock)
         #: device seconds per second: the device's utilisation; its total is the busy time so far
@@ -73,98 +165,306 @@ class DeviceWorker(threading.Thread):
         self.errors = 0
         self.consecutive_errors = 0
         self.frames_lost = 0
-        self.in_flight = False  # a batch taken from the batcher and not yet handed on
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def run(self) -> None:
-        try:
-            self._start_device()
-        except Exception as exc:  # noqa: BLE001 - any start-up failure is reported, not raised
-            self.startup_error = f"{type(exc).__name__}: {exc}"
-            self.state = WorkerState.FAILED
-            log.error("%s: cannot start: %s", self.worker_name, self.startup_error,
-                      extra={"device": self.worker_name})
-            self.ready.set()
-            self._close_device()
-            return
-        self.batcher.add_buffers(self.worker_name, list(self.loaded.backend.input_buffers))
-        self.state = WorkerState.RUNNING
-        self.ready.set()
-        try:
-            while not self._stop_event.is_set():
-                buffer = self.batcher.next_batch(self.worker_name, self._stop_event)
-                if buffer is not None:
-                    self._process(buffer)
-        finally:
-            for lost in self.batcher.remove_buffers(self.worker_name):
-                self._give_up(lost, "the device stopped")
-            self.state = WorkerState.STOPPED
-            self._close_device()
+    def start(self) -> None:
+        self.tracker.register(self.worker_name, self.accelerator.inference_timeout_s)
+        self._spawn()
+        self._supervisor.start()
 
     def stop(self) -> None:
         self._stop_event.set()
+        inc = self._current
+        if inc is not None:
+            inc.stop.set()
+        self._wake.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._supervisor.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._supervisor.is_alive()
+
+    @property
+    def native_id(self) -> int | None:
+        """The current device thread's id (its priority is the device's)."""
+        inc = self._current
+        return inc.thread.native_id if inc is not None else None
+
+    @property
+    def detector(self) -> Detector | None:
+        """The model as last opened: its description outlives a restart (same model, same format)."""
+        return self._last_detector
 
     @property
     def loaded(self) -> Detector:
-        """The detector, once the device has started (post-processing only sees started workers)."""
-        if self.detector is None:
+        detector = self._last_detector
+        if detector is None:
             raise RuntimeError(f"{self.worker_name}: the device has not started")
-        return self.detector
+        return detector
 
-    def _start_device(self) -> None:
+    @property
+    def in_flight(self) -> bool:
+        inc = self._current
+        return inc is not None and inc.in_flight
+
+    @property
+    def hung_calls(self) -> int:
+        with self._lock:
+            return sum(1 for inc in self._hung if not inc.done.is_set())
+
+    def _spawn(self) -> None:
+        with self._lock:
+            self._generation += 1
+            inc = Incarnation(self, self._generation)
+            self._current = inc
+            self.state = WorkerState.STARTING if self._generation == 1 else WorkerState.RESTARTING
+            self.next_retry_mono = None
+        inc.thread.start()
+
+    # -- the supervisor ----------------------------------------------------------------------
+    def _supervise(self) -> None:
+        while not self._stop_event.is_set():
+            self._wake.wait(SUPERVISE_EVERY_S)
+            self._wake.clear()
+            if self._stop_event.is_set() or self.state is WorkerState.FAILED:
+                break
+            self._tick(self._clock())
+        inc = self._current
+        if inc is not None:
+            inc.stop.set()
+            inc.done.wait()  # a hung call keeps this supervisor (and join) waiting, as before
+        self._discard_spare()
+        with self._lock:
+            if self.state is not WorkerState.FAILED:
+                self.state = WorkerState.STOPPED
+        self.tracker.unregister(self.worker_name)
+        self.ready.set()
+
+    def _reserve_spare(self) -> None:
+        """Construct the backend of the next opening now, while this one still holds the runtime."""
+        with self._lock:
+            if self._spare is not None or self._stop_event.is_set():
+                return
+            try:
+                self._spare = self._backend_factory()
+            except Exception:  # noqa: BLE001 - the next opening constructs it (and reports why not)
+                log.exception("%s: cannot prepare the backend for the next opening", self.worker_name)
+
+    def _take_spare(self) -> Backend:
+        with self._lock:
+            spare, self._spare = self._spare, None
+        return spare if spare is not None else self._backend_factory()
+
+    def _discard_spare(self) -> None:
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            try:
+                spare.close()  # never opened: releases only its claim on the runtime
+            except Exception:  # noqa: BLE001 - logged; stopping goes on
+                log.exception("%s: error while discarding the unused backend", self.worker_name)
+
+    def _tick(self, now: float) -> None:
+        """One look at the device: hung, given up, due for a restart, or healthy long enough."""
+        spawn = False
+        with self._lock:
+            inc = self._current
+            if inc is not None and inc.busy_since is not None and self.state is not WorkerState.STARTING:
+                running = now - inc.busy_since
+                if running > self.accelerator.inference_timeout_s:
+                    self._abandon(inc, f"inference running for {running:.1f} s "
+                                       f"(deadline {self.accelerator.inference_timeout_s:g} s)", now)
+            elif inc is not None and inc.done.is_set() and self.state is not WorkerState.STARTING:
+                reason = inc.failure or inc.open_error
+                if reason is not None:
+                    self._retry_later(reason, now)
+            elif self.state is WorkerState.BACKOFF and self.next_retry_mono is not None:
+                live_hung = sum(1 for h in self._hung if not h.done.is_set())
+                spawn = now >= self.next_retry_mono and live_hung < self.restart.max_hung
+            elif (self.state is WorkerState.RUNNING and self._running_since is not None
+                  and now - self._running_since >= self.restart.healthy_reset_s):
+                self._delay = self.restart.first_delay_s
+                self._running_since = None
+        if spawn:
+            self._spawn()
+
+    def _abandon(self, inc: Incarnation, reason: str, now: float) -> None:
+        """The call hangs: let this life go without waiting for it (callers hold the lock)."""
+        inc.abandoned = True
+        inc.stop.set()
+        self._hung.append(inc)
+        log.error("%s: %s; abandoning the call and restarting the device", self.worker_name, reason,
+                  extra={"device": self.worker_name})
+        self.tracker.abandoned(self.worker_name, reason)
+        self.batcher.set_down(self.worker_name, True)
+        if inc.running is not None:
+            self._give_up(inc.running, "the device call hung")
+        for lost in self.batcher.remove_buffers(inc.owner):
+            self._give_up(lost, "the device hung")
+        self._retry_later(reason, now)
+
+    def _retry_later(self, reason: str, now: float) -> None:
+        """Back off, then open the device again (callers hold the lock)."""
+        self._current = None
+        self.state = WorkerState.BACKOFF
+        self.last_error = reason
+        self._running_since = None
+        self.next_retry_mono = now + self._delay
+        log.warning("%s: opening the device again in %.1f s", self.worker_name, self._delay,
+                    extra={"device": self.worker_name})
+        self._delay = min(self.restart.max_delay_s, self._delay * 2)
+
+    # -- one incarnation's thread ------------------------------------------------------------
+    def _live(self, inc: Incarnation) -> None:
+        try:
+            self._open(inc)
+        except Exception as exc:  # noqa: BLE001 - any start-up failure is reported, not raised
+            self._open_failed(inc, f"{type(exc).__name__}: {exc}")
+            self._close_device(inc)
+            return
+        if not self._serve_from(inc):
+            return
+        try:
+            while not inc.stop.is_set():
+                buffer = self.batcher.next_batch(inc.owner, inc.stop)
+                if buffer is not None:
+                    self._process(inc, buffer)
+        finally:
+            self._leave(inc)
+
+    def _open(self, inc: Incarnation) -> None:
         acc = self.accelerator
-        self.tracker.register(self.worker_name, acc.inference_timeout_s)
-        backend = self._backend_factory()
-        # Load, allocate and warm up under the watchdog deadline of a (long) first inference.
-        self.tracker.busy(self.worker_name)
+        with self._lock:
+            inc.busy_since = self._clock()  # load, allocate and warm up under the call deadline
+        backend = self._take_spare()
+        if inc.generation > 1:
+            self._reserve_spare()  # this opening may fail and release the runtime
         sets = output_sets_for(acc)
-        self.detector = Detector(self.model, backend, max_batch=acc.batch, input_sets=acc.input_buffers,
-                                 output_sets=sets)
-        self.detector.warm_up()
+        inc.detector = Detector(self.model, backend, max_batch=acc.batch, input_sets=acc.input_buffers,
+                                output_sets=sets)
+        inc.detector.warm_up()
+        inc.output_sets = sets
         for index in range(sets):
-            self._free_outputs.put(OutputSet(self, index, self.detector.max_batch))
-        self.tracker.idle(self.worker_name)
+            inc.free_outputs.put(OutputSet(inc, index, inc.detector.max_batch))
         log.info("%s ready: %s, batch %d, %d input and %d output buffers", self.worker_name,
-                 backend.description, self.detector.max_batch, acc.input_buffers, sets,
+                 backend.description, inc.detector.max_batch, acc.input_buffers, sets,
                  extra={"device": self.worker_name})
 
-    def _close_device(self) -> None:
-        if self.detector is not None:
+    def _open_failed(self, inc: Incarnation, error: str) -> None:
+        with self._lock:
+            inc.busy_since = None
+            inc.open_error = error
+            if inc.generation == 1:
+                self.startup_error = error
+                self.state = WorkerState.FAILED
+        if inc.generation == 1:
+            log.error("%s: cannot start: %s", self.worker_name, error, extra={"device": self.worker_name})
+            self.ready.set()
+        elif not inc.abandoned:
+            log.error("%s: cannot open the device again: %s", self.worker_name, error,
+                      extra={"device": self.worker_name})
+
+    def _serve_from(self, inc: Incarnation) -> bool:
+        """Lend the input sets to the batcher and report RUNNING; False if this life was let go
+        while it opened (then it only releases what it opened)."""
+        with self._lock:
+            inc.busy_since = None
+            current = not inc.abandoned and not inc.stop.is_set()
+            if current:
+                detector = inc.loaded
+                self.batcher.add_buffers(inc.owner, list(detector.backend.input_buffers),
+                                         device=self.worker_name)
+                self.batcher.set_down(self.worker_name, False)
+                self._last_detector = detector
+                self.state = WorkerState.RUNNING
+                self._running_since = self._clock()
+                if inc.generation > 1:
+                    self.restarts += 1
+                    self.consecutive_errors = 0
+                    self.tracker.mark_healthy(self.worker_name)
+                    log.warning("%s: device open again (restart %d)", self.worker_name, self.restarts,
+                                extra={"device": self.worker_name})
+        self.ready.set()
+        if not current:
+            self._leave(inc)
+        return current
+
+    def _leave(self, inc: Incarnation) -> None:
+        """Give back the buffers, wait for post-processing to return the output sets, release the
+        device (on this thread), and tell the supervisor."""
+        with self._lock:
+            owned = not inc.abandoned
+            if owned and inc.failure is not None:
+                self.batcher.set_down(self.worker_name, True)
+        if owned:
+            for lost in self.batcher.remove_buffers(inc.owner):
+                self._give_up(lost, "the device failed" if inc.failure is not None else "the device stopped")
+        if inc.failure is not None or inc.abandoned:
+            self._await_output_sets(inc)
+        if inc.failure is not None:
+            self._reserve_spare()
+        self._close_device(inc)
+
+    def _await_output_sets(self, inc: Incarnation) -> None:
+        """Post-processing may still read outputs in this device's memory: wait (bounded) before
+        freeing it."""
+        deadline = time.monotonic() + max(10.0, self.accelerator.inference_timeout_s)
+        while inc.free_outputs.qsize() < inc.output_sets and not self.post.stopped:
+            if time.monotonic() > deadline:
+                log.error("%s: post-processing still holds output sets; releasing the device anyway",
+                          self.worker_name, extra={"device": self.worker_name})
+                return
+            time.sleep(0.01)
+
+    def _close_device(self, inc: Incarnation) -> None:
+        if inc.detector is not None:
             try:
-                self.detector.close()
+                inc.detector.close()
             except Exception:  # noqa: BLE001 - teardown continues; the failure is logged
                 log.exception("%s: error while releasing the device", self.worker_name)
-        self.tracker.unregister(self.worker_name)
+        inc.done.set()
+        self._wake.set()
 
     # -- the hot path -------------------------------------------------------------------------
-    def _process(self, buffer: BatchBuffer) -> None:
-        output_set = self._acquire_output_set()
+    def _process(self, inc: Incarnation, buffer: BatchBuffer) -> None:
+        output_set = self._acquire_output_set(inc)
         if output_set is None:  # stopping while post-processing holds every output set
             self.batcher.release(buffer)
             self._give_up(buffer, "stopping")
             return
         n = buffer.claimed
-        self.in_flight = True
-        self.tracker.busy(self.worker_name)
-        started = self._clock()
+        with self._lock:
+            inc.running = buffer
+            started = inc.busy_since = self._clock()
+            if not inc.abandoned:
+                self.tracker.busy(self.worker_name)
         try:
-            outputs = self.loaded.backend.run(n, buffer.index, output_set.index)
+            outputs = inc.loaded.backend.run(n, buffer.index, output_set.index)
         except Exception as exc:  # noqa: BLE001 - a failed batch must not kill the worker
-            self.in_flight = False
-            self._give_up(buffer, None)
+            with self._lock:
+                inc.running = inc.busy_since = None
+                if inc.abandoned:  # its ticket and frames were given up already
+                    inc.free_outputs.put(output_set)
+                    return
+                self._give_up(buffer, None)
             self.batcher.release(buffer)
-            self._free_outputs.put(output_set)
-            self._inference_failed(exc, n)
+            inc.free_outputs.put(output_set)
+            self._inference_failed(inc, exc, n)
             return
-        finished = self._clock()
-        self.tracker.idle(self.worker_name)
+        with self._lock:
+            finished = self._clock()
+            inc.running = inc.busy_since = None
+            if inc.abandoned:  # too late: the batch was given up when the call was abandoned
+                inc.free_outputs.put(output_set)
+                return
+            self.tracker.idle(self.worker_name)
         # The frames' details move on with the outputs; the input set is refilled at once.
         output_set.metas, buffer.metas = buffer.metas, output_set.metas
         output_set.outputs, output_set.count, output_set.ticket = outputs, n, buffer.ticket
         output_set.started_mono, output_set.inferred_mono = started, finished
         self.batcher.release(buffer)
         self.post.submit(output_set)
-        self.in_flight = False
         self._count_success(n, finished - started)
 
     def _count_success(self, n: int, seconds: float) -> None:
@@ -186,34 +486,36 @@ class DeviceWorker(threading.Thread):
             log.warning("%s: %d frame(s) not processed: %s", self.worker_name, frames, reason,
                         extra={"device": self.worker_name})
 
-    def _inference_failed(self, exc: Exception, frames: int) -> None:
-        self.errors += 1
+    def _inference_failed(self, inc: Incarnation, exc: Exception, frames: int) -> None:
         self.consecutive_errors += 1
-        limit = self.accelerator.max_consecutive_errors
-        log.error("%s: inference failed (%d in a row), %d frame(s) lost: %s", self.worker_name,
-                  self.consecutive_errors, frames, exc, extra={"device": self.worker_name})
-        if self.consecutive_errors >= limit:
-            self.tracker.mark_unhealthy(self.worker_name,
-                                        f"{self.consecutive_errors} inferences failed in a row: {exc}")
+        given_up = self.consecutive_errors >= self.accelerator.max_consecutive_errors
+        if given_up:
+            inc.failure = f"{self.consecutive_errors} inferences failed in a row: {exc}"
+            self.tracker.mark_unhealthy(self.worker_name, inc.failure)
         else:
             self.tracker.idle(self.worker_name)
+        self.errors += 1  # after the tracker: whoever sees the count sees the health that goes with it
+        log.error("%s: inference failed (%d in a row), %d frame(s) lost: %s", self.worker_name,
+                  self.consecutive_errors, frames, exc, extra={"device": self.worker_name})
+        if given_up:
+            inc.stop.set()  # leave the loop: the device is released and opened again
+            return
         # A failing device is retried, but not in a tight loop.
-        self._stop_event.wait(min(5.0, 0.1 * 2 ** min(self.consecutive_errors, 6)))
+        inc.stop.wait(min(5.0, 0.1 * 2 ** min(self.consecutive_errors, 6)))
 
-    def _acquire_output_set(self) -> OutputSet | None:
+    def _acquire_output_set(self, inc: Incarnation) -> OutputSet | None:
         while True:
             try:
-                return self._free_outputs.get(timeout=0.2)
+                return inc.free_outputs.get(timeout=0.2)
             except queue.Empty:
-                if self._stop_event.is_set() and self.post.stopped:
+                if inc.stop.is_set() and (self.post.stopped or inc.abandoned or inc.failure):
                     return None
-
-    def release_output_set(self, output_set: OutputSet) -> None:
-        self._free_outputs.put(output_set)
 
     # -- status -------------------------------------------------------------------------------
     def status(self) -> dict:
-        detector = self.detector
+        inc = self._current
+        detector = inc.detector if inc is not None and not inc.done.is_set() else None
+        retry = self.next_retry_mono
         return {
             "name": self.worker_name,
             "backend": self.accelerator.backend,
@@ -231,6 +533,11 @@ class DeviceWorker(threading.Thread):
             "queue_depth": self.batcher.pending(),
             "errors": self.errors,
             "frames_lost": self.frames_lost,
+            "rebalanced": self.batcher.rebalanced_to(self.worker_name),
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+            "next_retry_in_s": None if retry is None else round(max(0.0, retry - self._clock()), 1),
+            "hung_calls": self.hung_calls,
             "description": detector.backend.description if detector else "",
             "error": self.startup_error,
             "telemetry": detector.backend.telemetry() if detector else None,

@@ -6,6 +6,11 @@ Test controls:
   (pyACL allows one `acl.init` per process, so every in-process test starts with one);
 * `fail(call, code, device=None, times=None)`: the next `times` calls of `call` (e.g.
   "acl.mdl.execute") on `device` (None: any) return `code` instead of running;
+* `hold(call, device=None, times=1)`: the next `times` calls of `call` on `device` block (a hung
+  card) until the returned `Hold` is released, then run as usual; they wait outside the fake's
+  lock, so the other cards go on. Only calls that name a device or a model take holds
+  ("acl.mdl.execute", "acl.mdl.execute_async", "acl.rt.set_device"); `Hold.entered` is set when
+  a call is held;
 * `STATE.counts`: calls per function name; `STATE.errors`: every non-zero code returned, with the
   call; `STATE.executed_gears`: the batch gear of every execution; `leaks()`: what is still held;
 * `report()` / `write_report()`: a JSON summary, written to $YOLOEDGE_FAKE_ACL_REPORT at every
@@ -137,6 +142,21 @@ class ModelSpec:
     onnx_outputs: list  # names in the order of `outputs`
 
 
+@dataclass
+class Hold:
+    """A hang injected with `hold()`: calls wait until `release()`."""
+
+    call: str
+    device: int | None
+    times: int | None
+    entered: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
+    held: int = 0  # calls caught so far
+
+    def release(self) -> None:
+        self.released.set()
+
+
 class State:
     def __init__(self, devices: int = 2, run_mode: int = ACL_HOST, soc: str = "Ascend310P3"):
         self.lock = threading.RLock()
@@ -163,6 +183,7 @@ class State:
         self.counts: Counter = Counter()
         self.errors: list[tuple[str, int]] = []
         self.faults: list[dict] = []
+        self.holds: list[Hold] = []
         self.executed_gears: list[int] = []
         self.last_gear: dict[int, int] = {}
         self._next_handle = 0x1000
@@ -233,6 +254,16 @@ class State:
                     f["times"] -= 1
                 raise Refused(f["code"], f"injected fault on device {device}")
 
+    def take_hold(self, call: str, device: int | None) -> Hold | None:
+        """The hold that catches this call, if any (callers hold the lock)."""
+        for h in self.holds:
+            if h.call == call and h.device in (None, device) and h.times != 0:
+                if h.times is not None:
+                    h.times -= 1
+                h.held += 1
+                return h
+        return None
+
     # -- reporting -------------------------------------------------------------------------------
     def leaks(self) -> dict:
         own = [r for r in self.regions.values() if r.kind != "pageable"]
@@ -264,6 +295,12 @@ def reset(devices: int = 2, run_mode: int = ACL_HOST, util_helpers=ALL_UTIL, soc
 
 def fail(call: str, code: int, device: int | None = None, times: int | None = None) -> None:
     STATE.faults.append({"call": call, "code": code, "device": device, "times": times})
+
+
+def hold(call: str, device: int | None = None, times: int | None = 1) -> Hold:
+    h = Hold(call, device, times)
+    STATE.holds.append(h)
+    return h
 
 
 def leaks() -> dict:
@@ -298,17 +335,25 @@ atexit.register(write_report)
 
 
 # -- the decorator every public function goes through ------------------------------------------
-def api(name: str, shape: str, needs_init: bool = True, default: Any = None) -> Callable:
+def api(name: str, shape: str, needs_init: bool = True, default: Any = None,
+        device_of: Callable[..., int | None] | None = None) -> Callable:
     """Count the call, take the lock, turn `Refused` into pyACL's return shape.
 
     shape: "ret" (an int), "value" ((value, ret)), "value2" ((a, b, ret)), "value3" ((a, b, c, ret))
     or "bare" (the value itself; `default` when refused, as the C API returns NULL/0).
+    device_of(state, *args): the device the call acts on, for `hold()`.
     """
 
     def wrap(fn: Callable) -> Callable:
         @wraps(fn)
         def call(*args):
             state = STATE
+            if device_of is not None and state.holds:
+                with state.lock:
+                    held = state.take_hold(name, device_of(state, *args))
+                if held is not None:
+                    held.entered.set()
+                    held.released.wait()
             with state.lock:
                 state.counts[name] += 1
                 try:

@@ -377,7 +377,13 @@ def _dtype_of(tensor: Tensor):
     return {ACL_FLOAT: np.float32, ACL_FLOAT16: np.float16, ACL_UINT8: np.uint8, ACL_INT64: np.int64}[tensor.dtype_code]
 
 
-@api("acl.mdl.execute", "ret")
+def _model_device(state, model_id, *rest):
+    """For holds: the card a model runs on (None for an unknown id; the call then refuses it)."""
+    model = state.models.get(model_id) if isinstance(model_id, int) else None
+    return model.device if model is not None else None
+
+
+@api("acl.mdl.execute", "ret", device_of=_model_device)
 def execute(state, model_id, in_ds, out_ds):
     model = _model(state, model_id)
     state.fault("acl.mdl.execute", model.device)
@@ -385,7 +391,7 @@ def execute(state, model_id, in_ds, out_ds):
     _compute(state, model, gear, image, targets)
 
 
-@api("acl.mdl.execute_async", "ret")
+@api("acl.mdl.execute_async", "ret", device_of=_model_device)
 def execute_async(state, model_id, in_ds, out_ds, stream):
     need_int(stream)
     model = _model(state, model_id)

@@ -20,7 +20,7 @@ def get_device_count(state):
     return state.devices
 
 
-@api("acl.rt.set_device", "ret")
+@api("acl.rt.set_device", "ret", device_of=lambda state, device, *rest: device)
 def set_device(state, device):
     _check_device(state, device)
     state.fault("acl.rt.set_device", device)

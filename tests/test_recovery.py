@@ -1,0 +1,427 @@
+"""Devices that recover: a card whose inferences fail, or whose call hangs, is released and opened
+again on a fresh thread while its sibling goes on serving, and nothing is leaked on the way.
+
+Two cards, each exercised the same way on two runtimes: the fake pyACL (its own fault injection:
+`_fake.fail` for error codes, `_fake.hold` for a call that hangs, and its allocation bookkeeping
+for leaks) and the real ONNX Runtime backend (a subclass defined here, so no production code path
+knows about faults). The workers run on an injected clock: hang deadlines and restart backoffs
+pass when the test says so, and waits are for events, not for rates. The daemon tests at the end
+drive `yoloedge run` with two devices, one of which hangs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FAKES = Path(__file__).resolve().parent / "fakes"
+if str(FAKES) not in sys.path:
+    sys.path.insert(0, str(FAKES))
+
+import acl  # noqa: E402  (the fake: tests/fakes is first on sys.path)
+
+from daemon_harness import status  # noqa: E402
+from onnx_models import make_dynamic_batch_v8_model  # noqa: E402
+import test_daemon  # noqa: E402  (its config and fixtures drive the daemon here too)
+from yoloedge.backends import acl_runtime  # noqa: E402
+from yoloedge.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
+from yoloedge.config import AcceleratorConfig, ModelConfig  # noqa: E402
+from yoloedge.errors import BackendError  # noqa: E402
+from yoloedge.health.progress import ProgressTracker  # noqa: E402
+from yoloedge.pipeline.batcher import Batcher  # noqa: E402
+from yoloedge.pipeline.intake import CameraIntake  # noqa: E402
+from yoloedge.pipeline.post import PostStage  # noqa: E402
+from yoloedge.pipeline.prepare import Preparer  # noqa: E402
+from yoloedge.pipeline.worker import DeviceWorker, RestartPolicy, WorkerState  # noqa: E402
+from yoloedge.preprocess import Resizer  # noqa: E402
+from yoloedge.sources.frame import Frame  # noqa: E402
+
+SIZE = 64
+TIMEOUT_S = 5.0  # inference_timeout_s, on the injected clock
+POLICY = RestartPolicy(first_delay_s=1.0, max_delay_s=4.0, healthy_reset_s=1000.0)
+CAMERAS = ("a", "b")
+
+
+def wait_until(predicate, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+class Clock:
+    """The workers' clock: moves only when the test advances it."""
+
+    def __init__(self):
+        self._t = 1000.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._t
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._t += seconds
+
+
+class Sink:
+    """Post-processing's sink: (camera, seq, device) of every frame published, in call order."""
+
+    def __init__(self):
+        self.items: list[tuple[str, int, str]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, meta, dets, output_set):
+        with self._lock:
+            self.items.append((meta.camera, meta.seq, output_set.worker.worker.worker_name))
+
+    def __len__(self):
+        with self._lock:
+            return len(self.items)
+
+    def snapshot(self):
+        with self._lock:
+            return list(self.items)
+
+
+class Rig:
+    """Batcher, preparers, two device workers and post-processing, wired as an accelerator group."""
+
+    def __init__(self, model: str, factories, max_errors=2):
+        self.clock = Clock()
+        self.tracker = ProgressTracker(clock=self.clock)
+        self.batcher = Batcher(timeout_s=0.01)
+        self.sink = Sink()
+        self.post = PostStage("rig", self.sink, max_threads=2)
+        acc = AcceleratorConfig(batch=2, max_consecutive_errors=max_errors, inference_timeout_s=TIMEOUT_S)
+        cfg = ModelConfig(path=model, format="v8", labels=["red", "blue"], conf=0.1)
+        self.workers = [DeviceWorker(f"rig/{d}", acc, d, cfg, self.batcher, self.post, self.tracker, factory,
+                                     clock=self.clock, restart=POLICY) for d, factory in enumerate(factories)]
+        self.post.start()
+        for w in self.workers:
+            w.start()
+        for w in self.workers:
+            assert w.ready.wait(60) and w.state is WorkerState.RUNNING, w.startup_error
+        detector = self.workers[0].detector
+        self.preparers = [Preparer(f"prep{i}", self.batcher, detector.new_letterboxer(), lambda *a: None)
+                          for i in range(2)]
+        for p in self.preparers:
+            p.start()
+        self.intakes = {c: CameraIntake(self.batcher.add_camera(c, 8, True),
+                                        Resizer(detector.input.height, detector.input.width, detector.style),
+                                        CameraIntake.ring_size(8, 2)) for c in CAMERAS}
+        self.fed = 0
+        self._seq = dict.fromkeys(CAMERAS, 0)
+
+    def feed(self, per_camera: int, wait_s: float = 30.0) -> None:
+        """Queue frames (lossless): a full queue waits up to `wait_s`, then the frame is not fed."""
+        for _ in range(per_camera):
+            for camera, intake in self.intakes.items():
+                image = np.zeros((SIZE, SIZE, 3), np.uint8)
+                image[:] = (0, 0, 255)
+                if intake(Frame(camera, self._seq[camera], image, time.time(), time.monotonic()), wait_s):
+                    self._seq[camera] += 1
+                    self.fed += 1
+                else:
+                    assert wait_s < 30.0, f"camera {camera}: no room for 30 s"
+
+    @property
+    def lost(self) -> int:
+        return sum(w.frames_lost for w in self.workers)
+
+    def settle(self, what: str) -> None:
+        """Every frame fed is published or counted lost: none is stuck behind a ticket."""
+        wait_until(lambda: len(self.sink) + self.lost == self.fed, what=f"{what}: every frame accounted for")
+
+    def feed_until(self, predicate, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out feeding until {what}"
+            self.feed(1, wait_s=0.05)
+            time.sleep(0.005)
+
+    def stop(self) -> None:
+        for p in self.preparers:
+            p.stop()
+        for w in self.workers:
+            w.stop()
+        self.batcher.close()
+        for t in (*self.preparers, *self.workers):
+            t.join(30)
+            assert not t.is_alive()
+        assert self.post.stop(10)
+
+
+def exercise(rig: Rig, fail_card1, hang_card1, held_calls, leaks=None) -> None:
+    """Errors twice, then a hang, on card 1: card 0 serves throughout, card 1 comes back each time."""
+    card0, card1 = rig.workers
+    rig.feed(5)
+    rig.settle("warm")
+    baseline = leaks() if leaks else None
+    for restart in (1, 2):
+        fail_card1()
+        rig.feed_until(lambda: card1.state is WorkerState.BACKOFF, "card 1 gives up after its errors")
+        assert card1.last_error and "failed in a row" in card1.last_error
+        assert any(p.source == "rig/1" for p in rig.tracker.check())
+        assert rig.tracker.making_progress(), "card 0 is healthy: the watchdog must still be fed"
+        rig.settle(f"card 1 down ({restart})")
+        served_by_0 = sum(1 for *_, d in rig.sink.snapshot() if d == "rig/0")
+        rig.feed(10)
+        rig.settle("card 0 alone")
+        assert sum(1 for *_, d in rig.sink.snapshot() if d == "rig/0") == served_by_0 + 20
+        rig.clock.advance(POLICY.max_delay_s)
+        wait_until(lambda n=restart: card1.state is WorkerState.RUNNING and card1.restarts == n,
+                   what=f"card 1 open again ({restart})")
+        if leaks:
+            assert leaks() == baseline, f"restart {restart} leaked"
+
+    hold = hang_card1()
+    rig.feed_until(hold.is_set, "card 1's call hangs")
+    before = card1.frames_lost
+    rig.clock.advance(TIMEOUT_S + 0.5)
+    wait_until(lambda: card1.state is WorkerState.BACKOFF, what="the hung call abandoned")
+    assert card1.hung_calls == 1 and card1.frames_lost > before, "the hung batch is given up, not waited for"
+    assert "running for" in (card1.last_error or "")
+    rig.feed(10)
+    rig.settle("card 0 serves while card 1 hangs")
+    rig.clock.advance(POLICY.max_delay_s)
+    wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 3, what="card 1 open again (3)")
+    assert card1.hung_calls == 1, "the hung call still runs on its abandoned thread"
+    served_by_1 = sum(1 for *_, d in rig.sink.snapshot() if d == "rig/1")
+    rig.feed_until(lambda: sum(1 for *_, d in rig.sink.snapshot() if d == "rig/1") > served_by_1,
+                   "card 1 serves again")
+    held_calls()  # the hung call returns: its late results are discarded, its device released
+    wait_until(lambda: card1.hung_calls == 0, what="the abandoned thread released its device")
+    rig.settle("after the hang")
+    if leaks:
+        assert leaks() == baseline, "the abandoned incarnation leaked"
+
+    assert card0.restarts == 0 and card0.state is WorkerState.RUNNING
+    assert rig.tracker.check() == [] and rig.tracker.making_progress()
+    status = card0.status()
+    assert status["rebalanced"] > 0 and card1.status()["restarts"] == 3
+    assert all(rig.batcher.rebalanced_of(c) > 0 for c in CAMERAS)
+    for camera in CAMERAS:  # in order, each at most once, whichever card ran it
+        seqs = [s for c, s, _ in rig.sink.snapshot() if c == camera]
+        assert seqs == sorted(set(seqs)), camera
+
+
+# -- the fake pyACL ---------------------------------------------------------------------------------
+@pytest.fixture()
+def fake_acl(monkeypatch):
+    if not hasattr(acl, "_fake"):
+        pytest.skip("the real pyACL is imported in this process; this test needs the fake")
+    state = acl._fake.reset()
+    monkeypatch.setattr(acl_runtime, "PROCESS", acl_runtime.AclProcess())
+    return state
+
+
+@pytest.fixture()
+def tiny_om(tmp_path) -> Path:
+    onnx_path = make_dynamic_batch_v8_model(str(tmp_path / "tiny.onnx"), size=SIZE, nc=2)
+    om = tmp_path / "tiny.om"
+    om.write_bytes(b"fake om: see the .fake.json next to it")
+    Path(f"{om}.fake.json").write_text(json.dumps({"onnx": str(onnx_path), "batch": [1, 2]}))
+    return om
+
+
+def test_fake_ascend_card_recovers_from_errors_and_a_hang_without_leaks(fake_acl, tiny_om):
+    from acl import _fake
+
+    from yoloedge.backends.ascend import AscendBackend
+    from yoloedge.config.ascend import AscendConfig
+
+    rig = Rig(str(tiny_om), [lambda d=d: AscendBackend(str(tiny_om), AscendConfig(device_id=d)) for d in (0, 1)])
+    holds = []
+
+    def hang():
+        holds.append(_fake.hold("acl.mdl.execute", device=1))
+        return holds[-1].entered
+
+    try:
+        exercise(rig, lambda: _fake.fail("acl.mdl.execute", 507011, device=1, times=2), hang,
+                 lambda: holds[-1].release(), leaks=_fake.leaks)
+        assert _fake.STATE.counts["acl.rt.create_context"] == 5  # 2 cards + 3 restarts, each a fresh context
+    finally:
+        for h in holds:
+            h.release()
+        rig.stop()
+    assert not any(_fake.leaks().values()), _fake.leaks()
+    assert _fake.STATE.finalize_count == 1 and not _fake.STATE.finalize_refused
+
+
+def test_the_only_fake_card_restarts_without_finalising_pyacl(fake_acl, tiny_om):
+    """pyACL can be initialised once per process: a restart of the only card must not finalise it."""
+    from acl import _fake
+
+    from yoloedge.backends.ascend import AscendBackend
+    from yoloedge.config.ascend import AscendConfig
+
+    rig = Rig(str(tiny_om), [lambda: AscendBackend(str(tiny_om), AscendConfig(device_id=0))])
+    card = rig.workers[0]
+    try:
+        baseline = _fake.leaks()
+        _fake.fail("acl.mdl.execute", 507011, device=0, times=2 + 1)  # two in service, one at the reopening
+        rig.feed_until(lambda: card.state is WorkerState.BACKOFF, "the card gives up")
+        # No card left: frames wait in the cameras' bounded queues (lossless here), nothing else.
+        assert rig.batcher.pending() <= 8 * len(CAMERAS)
+        rig.clock.advance(POLICY.max_delay_s)  # the first reopening fails (at its warm-up)
+        wait_until(lambda: card.state is WorkerState.BACKOFF and card.next_retry_mono > rig.clock(),
+                   what="the failed reopening rescheduled")
+        rig.clock.advance(POLICY.max_delay_s)
+        wait_until(lambda: card.state is WorkerState.RUNNING, what="the card open again")
+        assert card.restarts == 1 and _fake.leaks() == baseline
+        assert _fake.STATE.init_count == 1 and _fake.STATE.finalize_count == 0
+        rig.feed(4)
+        rig.settle("served again")
+    finally:
+        rig.stop()
+    assert _fake.STATE.finalize_count == 1 and not any(_fake.leaks().values()), _fake.leaks()
+
+
+# -- ONNX Runtime ----------------------------------------------------------------------------------
+class Faults:
+    """Faults for `FaultyOrt` instances, per device: failing runs to come, and a gate that holds
+    the next run until released."""
+
+    def __init__(self):
+        self.fail_left: dict[int, int] = {}
+        self.gates: dict[int, tuple[threading.Event, threading.Event]] = {}  # entered, released
+
+    def hang(self, device: int) -> threading.Event:
+        entered = threading.Event()
+        self.gates[device] = (entered, threading.Event())
+        return entered
+
+    def take(self, device: int) -> tuple[threading.Event, threading.Event] | None:
+        gate = self.gates.get(device)
+        return None if gate is None or gate[0].is_set() else gate
+
+    def release(self, device: int) -> None:
+        self.gates.pop(device)[1].set()
+
+
+class FaultyOrt(OnnxRuntimeBackend):
+    """The real ONNX Runtime backend with the test's faults in front of `run` (test-only)."""
+
+    def __init__(self, path: str, device: int, faults: Faults):
+        super().__init__(path)
+        self.device, self.faults = device, faults
+
+    def run(self, n, input_set=0, output_set=0):
+        gate = self.faults.take(self.device)
+        if gate is not None:
+            gate[0].set()
+            gate[1].wait(60)
+        if self.faults.fail_left.get(self.device):
+            self.faults.fail_left[self.device] -= 1
+            raise BackendError("injected device error")
+        return super().run(n, input_set, output_set)
+
+
+def test_onnxruntime_device_recovers_from_errors_and_a_hang(tmp_path):
+    model = make_dynamic_batch_v8_model(str(tmp_path / "m.onnx"), size=SIZE, nc=2)
+    faults = Faults()
+    rig = Rig(model, [lambda d=d: FaultyOrt(model, d, faults) for d in (0, 1)])
+
+    def fail():
+        faults.fail_left[1] = 2
+
+    try:
+        exercise(rig, fail, lambda: faults.hang(1), lambda: faults.release(1))
+    finally:
+        for device in list(faults.gates):
+            faults.release(device)
+        rig.stop()
+
+
+def test_restart_backoff_doubles_and_a_failed_reopen_is_retried(tmp_path):
+    """A card that cannot be opened again is retried after 1, 2, 4, 4 s (capped), never in a loop."""
+    model = make_dynamic_batch_v8_model(str(tmp_path / "m.onnx"), size=SIZE, nc=2)
+    faults = Faults()
+    rig = Rig(model, [lambda d=d: FaultyOrt(model, d, faults) for d in (0, 1)])
+    card1 = rig.workers[1]
+    try:
+        faults.fail_left[1] = 2 + 3  # two in service, then the warm-up of three reopenings
+        rig.feed_until(lambda: card1.state is WorkerState.BACKOFF, "card 1 gives up")
+        delays = []
+        for _ in range(3):
+            delays.append(round(card1.next_retry_mono - rig.clock(), 3))
+            rig.clock.advance(delays[-1])
+            wait_until(lambda: card1.state is WorkerState.BACKOFF and card1.next_retry_mono > rig.clock(),
+                       what="the reopening failed and is scheduled again")
+            assert "injected device error" in card1.last_error
+        delays.append(round(card1.next_retry_mono - rig.clock(), 3))
+        assert delays == [1.0, 2.0, 4.0, 4.0]
+        rig.clock.advance(4.0)
+        wait_until(lambda: card1.state is WorkerState.RUNNING, what="card 1 open again")
+        assert card1.restarts == 1
+        rig.feed(4)
+        rig.settle("after the reopening")
+    finally:
+        rig.stop()
+
+
+# -- the watchdog rule -----------------------------------------------------------------------------
+def test_watchdog_is_fed_while_any_device_makes_progress():
+    clock = Clock()
+    tracker = ProgressTracker(clock=clock)
+    tracker.register("acc/0", 5.0)
+    tracker.register("acc/1", 5.0)
+    assert tracker.making_progress()
+    tracker.busy("acc/1")
+    clock.advance(6)
+    assert [p.source for p in tracker.check()] == ["acc/1"]
+    assert tracker.making_progress(), "one card hung, the other healthy: keep pinging"
+    tracker.abandoned("acc/1", "inference running for 6.0 s (deadline 5 s)")
+    assert [str(p) for p in tracker.check()] == ["acc/1: inference running for 6.0 s (deadline 5 s)"]
+    tracker.mark_unhealthy("acc/0", "5 inferences failed in a row")
+    assert not tracker.making_progress(), "no card makes progress: let systemd restart us"
+    tracker.mark_healthy("acc/1")
+    assert tracker.making_progress()
+
+
+# -- the daemon ------------------------------------------------------------------------------------
+notify = test_daemon.notify
+start_daemon = test_daemon.start_daemon
+
+
+def test_daemon_keeps_pinging_while_one_of_two_devices_hangs_and_recovers(tmp_path, models, media, mosquitto,
+                                                                          start_daemon, notify):
+    hang = tmp_path / "hang"
+    config = test_daemon.base_config(tmp_path, models, mosquitto, [
+        {"name": "door", "url": str(media / "indoor_people_480p_mpeg4.avi"), "loop": True, "fps": 10},
+    ])
+    config["accelerators"] = [{"backend": "blocking_backend:BlockingBackend", "devices": [0, 1], "batch": 1,
+                               "inference_timeout_s": 2, "options": {"hang_file": str(hang), "faulty_devices": [1]}}]
+    daemon, _ = start_daemon(config, watchdog_usec=1_000_000)
+    sock = config["control"]["socket"]
+    notify.wait_for("READY", "1", timeout=60)
+    notify.wait_for("WATCHDOG", "1", timeout=10, count=2)
+
+    hang.touch()
+    wait_until(lambda: status(sock)["accelerators"][1]["state"] in ("backoff", "restarting"), 30,
+               what="device 1 abandoned")
+    down = status(sock)
+    hung_at = time.monotonic()
+    assert any(p.startswith("blockingbackend0/1: inference running for") for p in down["daemon"]["problems"]), \
+        down["daemon"]
+    assert down["accelerators"][0]["state"] == "running" and not down["daemon"]["healthy"]
+    published_then = down["cameras"][0]["published"]
+    wait_until(lambda: len([t for t, _ in notify.with_key("WATCHDOG", "1") if t > hung_at]) >= 2, 10,
+               what="watchdog pings while one device is down")
+    hang.unlink()
+    wait_until(lambda: status(sock)["accelerators"][1]["state"] == "running", 60, what="device 1 back")
+    up = status(sock)
+    assert up["accelerators"][1]["restarts"] >= 1 and up["accelerators"][1]["last_error"]
+    assert up["accelerators"][0]["rebalanced"] > 0 and up["cameras"][0]["rebalanced"] > 0
+    assert up["cameras"][0]["published"] > published_then, "device 0 kept publishing"
+    assert daemon.stop() == 0, daemon.log[-4000:]
