@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import cv2
 import numpy as np
 
+from .errors import ImageError
 from .sources.capture import (IMAGE_SUFFIXES, SourceError, SourceKind, list_images, local_path, open_source,
                               source_kind)
+from .sources.imagesize import read_image
 
 MIN_SCORE = 0.30
 MIN_IOU = 0.90
@@ -475,11 +476,10 @@ def camera_inputs(cameras: Sequence, frames_per_camera: int) -> Frames:
 
 
 def _read_image(path: str, out: Frames) -> None:
-    image = cv2.imread(path, cv2.IMREAD_COLOR)
-    if image is None:
-        out.problems.append(f"cannot decode image {path} (corrupt, empty or not an image)")
-    else:
-        out.frames.append((path, image))
+    try:
+        out.frames.append((path, read_image(path)))
+    except ImageError as exc:
+        out.problems.append(str(exc))
 
 
 def _read_video(path: str, name: str, count: int, out: Frames) -> None:

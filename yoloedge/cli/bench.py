@@ -9,6 +9,7 @@ import cv2
 import numpy as np
 
 from ..errors import YoloedgeError
+from ..sources.imagesize import read_image
 
 
 def add_parser(sub) -> None:
@@ -38,9 +39,7 @@ def add_parser(sub) -> None:
 
 def _frame(path: str | None, width: int, height: int) -> np.ndarray:
     if path:
-        img = cv2.imread(path)
-        if img is None:
-            raise YoloedgeError(f"cannot read image {path}")
+        img = read_image(path)  # ImageError is a YoloedgeError
     else:
         rng = np.random.default_rng(0)
         img = cv2.GaussianBlur(rng.integers(0, 255, (height // 4, width // 4, 3), dtype=np.uint8), (5, 5), 0)
@@ -76,9 +75,7 @@ def run_model(args: argparse.Namespace) -> int:
     from ..bench.micro import bench_model, format_table
 
     try:
-        frame = _frame(args.image, 1920, 1080) if not args.image else cv2.imread(args.image)
-        if frame is None:
-            raise YoloedgeError(f"cannot read image {args.image}")
+        frame = _frame(args.image, 1920, 1080) if not args.image else read_image(args.image)
         rows = bench_model(args.model, frame, args.repeat, args.threads)
     except YoloedgeError as exc:
         print(f"yoloedge bench: {exc}", file=sys.stderr)

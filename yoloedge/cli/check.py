@@ -15,6 +15,7 @@ from typing import Mapping, TextIO
 
 from ..config.errors import EX_CONFIG, ConfigError, ConfigIssue
 from ..config.loader import DEFAULT_PATH, load_config
+from ..textsafe import printable
 
 
 def add_parser(sub) -> None:
@@ -33,10 +34,10 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         environ = environment(os.environ, args.env_file)
         config = load_config(args.config, environ)
     except ConfigError as exc:
-        print(str(exc), file=err)
+        print(printable(str(exc), keep_newlines=True), file=err)  # messages quote the file's keys
         return EX_CONFIG
-    print(f"{args.config}: OK ({_count(len(config.cameras), 'camera')}, "
-          f"{_count(len(config.accelerators), 'accelerator')})", file=out)
+    print(printable(f"{args.config}: OK ({_count(len(config.cameras), 'camera')}, "
+                    f"{_count(len(config.accelerators), 'accelerator')})"), file=out)
     return 0
 
 

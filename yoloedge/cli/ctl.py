@@ -31,10 +31,11 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
                        last seconds, 0..1), "busy_s": float (device seconds since start),
                        "p50_ms": float | null, "p99_ms": float | null, "batch_p50": float | null,
                        "queue_depth": int (frames taken in, not yet on the device),
-                       "errors": int, "frames_lost": int, "description": str}],
+                       "errors": int, "frames_lost": int, "restarts": int, "description": str}],
      "cameras": [{"name": str, "url": str (display form: no credentials), "state": str,
                   "fps_in": float, "fps_out": float, "drops": int, "reconnects": int,
-                  "stalls": int, "last_frame_age_s": float | null,
+                  "stalls": int, "images_skipped": int | null (image folders: files refused),
+                  "last_frame_age_s": float | null,
                   "latency_p50_ms": float | null, "latency_p99_ms": float | null,
                   "error": str | null}],
      "mqtt": {"connected": bool, "broker": str ("host:port"), "queued": int, "queued_bytes": int,
@@ -62,6 +63,7 @@ import yaml
 from ..config.schema import ControlConfig
 from ..control.client import ControlError, NotRunning, PermissionDenied, request
 from ..redact import redact_text
+from ..textsafe import printable
 
 DEFAULT_SOCKET = ControlConfig().socket
 
@@ -142,15 +144,16 @@ def socket_from_config(path: str) -> str:
 
 
 def _text(value: Any, fmt: str = "{}") -> str:
-    """Table cell: None (unknown / not applicable) shows as '-'."""
+    """Table cell: None (unknown / not applicable) shows as '-'. Control characters are escaped
+    (`printable`) here, before the columns are measured: camera errors and names come from outside."""
     if value is None:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
     try:
-        return fmt.format(value)
+        return printable(fmt.format(value))
     except (TypeError, ValueError):
-        return str(value)  # an unexpected type from a newer daemon: show it rather than fail
+        return printable(str(value))  # an unexpected type from a newer daemon: show it rather than fail
 
 
 def format_duration(seconds: float | None) -> str:
@@ -192,15 +195,15 @@ def _health(value: Any) -> str:
 
 def _accelerator_lines(accelerators: list[dict]) -> list[str]:
     headers = ("NAME", "BACKEND", "DEVICE", "MODEL", "BATCH", "STATE", "HEALTH", "INF/S", "UTIL %",
-               "P50 MS", "P99 MS", "QUEUE", "ERRORS", "DESCRIPTION")
+               "P50 MS", "P99 MS", "QUEUE", "ERRORS", "RESTARTS", "DESCRIPTION")
     rows = [(_text(a.get("name")), _text(a.get("backend")), _text(a.get("device")), _text(a.get("model")),
              _text(a.get("batch")), _text(a.get("state")), _health(a.get("healthy")),
              _text(a.get("inferences_per_s"), "{:.1f}"),
              _text(a.get("utilisation") if a.get("utilisation") is None else 100 * a["utilisation"], "{:.0f}"),
              _text(a.get("p50_ms"), "{:.1f}"), _text(a.get("p99_ms"), "{:.1f}"), _text(a.get("queue_depth")),
-             _text(a.get("errors")), _text(a.get("description")))
+             _text(a.get("errors")), _text(a.get("restarts")), _text(a.get("description")))
             for a in accelerators]
-    return format_table(headers, rows, right=(4, 7, 8, 9, 10, 11, 12))
+    return format_table(headers, rows, right=(4, 7, 8, 9, 10, 11, 12, 13))
 
 
 def _camera_lines(cameras: list[dict]) -> list[str]:
@@ -235,15 +238,15 @@ def format_status(status: dict) -> str:
         keys = ", ".join(map(str, daemon["restart_needed_for"]))
         lines.append(f"restart needed to apply changes to: {keys}")
     if daemon.get("config_error"):
-        lines += ["", "!! LAST RELOAD REJECTED, still running the previous config:",
-                  f"!! {daemon['config_error']}"]
+        lines += ["", "!! LAST RELOAD REJECTED, still running the previous config:"]
+        lines += [f"!! {line}" for line in str(daemon["config_error"]).splitlines()]
     accelerators, cameras = status.get("accelerators") or [], status.get("cameras") or []
     lines += ["", "accelerators:"] + _indent(_accelerator_lines(accelerators) if accelerators else ["(none)"])
     lines += ["", "cameras:"] + _indent(_camera_lines(cameras) if cameras else ["(none)"])
     lines += ["", _mqtt_line(status.get("mqtt"))]
     problems = daemon.get("problems") or []
     lines += [""] + (["problems:"] + [f"  - {p}" for p in problems] if problems else ["problems: none"])
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def _indent(lines: list[str]) -> list[str]:
@@ -257,7 +260,8 @@ def _indent(lines: list[str]) -> list[str]:
 def _status(socket_path: str, timeout: float, as_json: bool) -> int:
     reply = redacted(request(socket_path, {"cmd": "status"}, timeout=timeout))
     if not reply.get("ok"):
-        print(f"yoloedge-ctl: the daemon could not report its status: {reply.get('error')}", file=sys.stderr)
+        print(printable(f"yoloedge-ctl: the daemon could not report its status: {reply.get('error')}"),
+              file=sys.stderr)
         return EXIT_UNKNOWN
     print(json.dumps(reply, indent=2) if as_json else format_status(reply))
     return EXIT_OK if (reply.get("daemon") or {}).get("healthy") else EXIT_DEGRADED
@@ -281,8 +285,8 @@ def _reload(socket_path: str, timeout: float) -> int:
     generation = _text(reply.get("generation"))
     if not reply.get("ok"):
         why = reply.get("config_error") or reply.get("error") or "no reason given"
-        print(f"yoloedge-ctl: reload rejected, still running generation {generation}:\n{why}",
-              file=sys.stderr)
+        print(printable(f"yoloedge-ctl: reload rejected, still running generation {generation}:\n{why}",
+                        keep_newlines=True), file=sys.stderr)
         return EXIT_DEGRADED
     if reply.get("reloaded") is False:
         print(f"reload requested; still running generation {generation} (see `yoloedge-ctl status`)")

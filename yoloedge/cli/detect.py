@@ -1,8 +1,9 @@
 """`yoloedge detect`: run a model on image files and print the detections.
 
 One JSON line per image with --json (for scripts and the parity tooling), a table otherwise.
-A missing or undecodable image is reported and skipped; the exit code is then 2. A model that
-cannot be loaded stops the command at once with exit code 2.
+A missing, undecodable or oversized image (see `yoloedge.sources.imagesize`) is reported and
+skipped; the exit code is then 2. A model that cannot be loaded stops the command at once with
+exit code 2. Labels and file names are shown with control characters escaped (`textsafe`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import sys
 from pathlib import Path
 from typing import Iterator, TextIO
 
-import cv2
 import numpy as np
 
 from ..config import ModelConfig, OnnxRuntimeConfig, PROVIDERS
-from ..errors import YoloedgeError
+from ..errors import ImageError, YoloedgeError
 from ..postprocess import FORMATS
+from ..sources.imagesize import read_image
+from ..textsafe import printable
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".jp2", ".pgm", ".ppm"}
 
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
                                  OnnxRuntimeConfig(provider=args.provider, device_id=args.device_id),
                                  max_batch=args.batch)
     except YoloedgeError as exc:
-        print(f"yoloedge detect: {exc}", file=err)
+        print(printable(f"yoloedge detect: {exc}", keep_newlines=True), file=err)
         return 2
     failed = 0
     try:
@@ -102,7 +104,7 @@ def _images(paths: list[str], err: TextIO) -> Iterator[tuple[str, np.ndarray | N
         if p.is_dir():
             files = sorted(f for f in p.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
             if not files:
-                print(f"yoloedge detect: no images in folder {arg}", file=err)
+                print(printable(f"yoloedge detect: no images in folder {arg}"), file=err)
                 yield arg, None
             for f in files:
                 yield from _read(str(f), err)
@@ -111,14 +113,12 @@ def _images(paths: list[str], err: TextIO) -> Iterator[tuple[str, np.ndarray | N
 
 
 def _read(name: str, err: TextIO) -> Iterator[tuple[str, np.ndarray | None]]:
-    p = Path(name)
-    if not p.exists():
-        print(f"yoloedge detect: image not found: {name}", file=err)
+    try:
+        img = read_image(name)
+    except ImageError as exc:
+        print(printable(f"yoloedge detect: {exc}"), file=err)
         yield name, None
         return
-    img = cv2.imread(name) if p.is_file() else None
-    if img is None:
-        print(f"yoloedge detect: cannot decode image {name} (corrupt, empty or not an image)", file=err)
     yield name, img
 
 
@@ -142,4 +142,4 @@ def _table(record: dict) -> str:
             x1, y1, x2, y2 = d["box"]
             lines.append(f"  {d['label']:<16} {d['class_id']:>3} {d['score']:>6.3f}   "
                          f"{x1:>7.1f} {y1:>7.1f} {x2:>7.1f} {y2:>7.1f}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"

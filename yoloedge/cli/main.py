@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
+import os
+from typing import MutableMapping
 
-from .. import __version__
+from .. import MAX_IMAGE_PIXELS, __version__
 from . import run
 
 #: sysexits.h EX_USAGE-style codes used across the CLI.
@@ -40,8 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cap_opencv_decoders(environ: MutableMapping[str, str]) -> None:
+    """Lower OpenCV's own decoder cap (2^30 pixels) to MAX_IMAGE_PIXELS, unless the operator set it.
+
+    The backstop for an image format whose header `sources.imagesize` does not read. OpenCV reads
+    the variable once, when cv2 is loaded, so it is set here, before any sub-command imports cv2.
+    """
+    environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(MAX_IMAGE_PIXELS))
+
+
 def main(argv: list[str] | None = None) -> int:
     previous_mask = run.hold_daemon_signals()
+    cap_opencv_decoders(os.environ)
     try:
         args = build_parser().parse_args(argv)
     except BaseException:  # --help, --version, a usage error: leave the mask as found
@@ -49,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         raise
     if args.func is not run.run:
         run.release_daemon_signals(previous_mask)
+    from ..health.logsetup import make_handler
+
     level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    # the daemon's stderr handler (redacting, control characters escaped) until `run` sets up its own
+    logging.basicConfig(level=level, handlers=[make_handler("stderr", {})])
     return args.func(args)
 
 

@@ -22,6 +22,7 @@ from typing import Mapping, TextIO
 
 from ..config.schema import LoggingConfig
 from ..redact import redact_text
+from ..textsafe import printable
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 IDENTIFIER = "yoloedge"
@@ -83,7 +84,14 @@ class RedactingFilter(logging.Filter):
 
 
 class StderrFormatter(logging.Formatter):
-    """`LEVEL logger: [camera] message`: compact, and greppable by camera or device."""
+    """`LEVEL logger: [camera] message`: compact, and greppable by camera or device.
+
+    stderr is often a terminal: control characters in the message, traceback included (a camera's
+    error, a file name, a label), are shown escaped (`printable`); only the newlines stay.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record), keep_newlines=True)
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
         context = " ".join(value for _, value in _context(record))

@@ -96,6 +96,7 @@ class CameraRuntime:
             "filtered_out": self.filtered_out,
             "reconnects": stats.get("reconnects"),
             "stalls": stats.get("stalls"),
+            "images_skipped": stats.get("images_skipped"),
             "last_frame_age_s": stats.get("last_frame_age_s"),
             "latency_p50_ms": self.latency_ms.percentile(50),
             "latency_p99_ms": self.latency_ms.percentile(99),

@@ -34,8 +34,9 @@ from urllib.parse import quote, unquote, urlsplit
 import cv2
 import numpy as np
 
-from ..errors import YoloedgeError
+from ..errors import ImageError, YoloedgeError
 from ..redact import redact_url
+from .imagesize import DEFAULT_LIMITS, ImageLimits, read_image
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,8 @@ class Source:
         #: per read, and the memory the allocator keeps around after freeing them.
         self.reuse_frame = False
         self._frame: np.ndarray | None = None
+        #: images skipped because they could not be read or were over the bounds (folders)
+        self.skipped = 0
 
     def _warn(self, msg: str, *args: object) -> None:
         log.warning(msg, *args, extra={"camera": self.camera})
@@ -277,26 +280,36 @@ class VideoFileSource(Source):
             cap.release()
 
 
+#: a folder source names this many skipped images in the log, one line each, then only counts them
+MAX_SKIPS_LOGGED = 100
+
+
 class ImageFolderSource(Source):
     """The image files of a folder, in sorted name order, one per read; `loop` rescans and restarts.
 
-    An unreadable image is skipped with a warning rather than failing the camera: one corrupt file
-    must not stop a folder of thousands. A pass that yields no image at all is an error.
+    An unreadable image -- corrupt, empty, not a regular file, or over `limits` (a decompression
+    bomb) -- is skipped and counted rather than failing the camera: one bad file must not stop a
+    folder of thousands. Each is logged once, not on every pass of a loop. A pass that yields no
+    image at all is an error, which names the last reason.
     """
 
     kind = SourceKind.FOLDER
     is_live = False
     nominal_fps = None
 
-    def __init__(self, folder: str, loop: bool, camera: str | None = None):
+    def __init__(self, folder: str, loop: bool, camera: str | None = None,
+                 limits: ImageLimits = DEFAULT_LIMITS):
         super().__init__(folder, camera)
         self._folder = folder
         self._loop = loop
+        self._limits = limits
         self._files = list_images(folder)
         if not self._files:
             raise SourceError(f"{folder}: no image files")
         self._index = 0
         self._images_this_pass = 0
+        self._logged: set[str] = set()
+        self._last_skip: str | None = None
 
     def read(self) -> np.ndarray | None:
         while True:
@@ -308,11 +321,25 @@ class ImageFolderSource(Source):
                 continue
             path = self._files[self._index]
             self._index += 1
-            image = cv2.imread(path, cv2.IMREAD_COLOR)
-            if image is not None:
-                self._images_this_pass += 1
-                return image
-            self._warn("%s: cannot decode image, skipped", path)
+            try:
+                image = read_image(path, self._limits)
+            except ImageError as exc:
+                self._skip(path, str(exc))
+                continue
+            self._images_this_pass += 1
+            return image
+
+    def _skip(self, path: str, reason: str) -> None:
+        self.skipped += 1
+        self._last_skip = reason
+        if path in self._logged or len(self._logged) > MAX_SKIPS_LOGGED:
+            return
+        self._logged.add(path)
+        if len(self._logged) > MAX_SKIPS_LOGGED:
+            self._warn("%s: more than %d images skipped; further ones are only counted",
+                       self._folder, MAX_SKIPS_LOGGED)
+            return
+        self._warn("%s, skipped", reason)
 
     def _restart(self) -> None:
         self._files = list_images(self._folder)
@@ -321,7 +348,8 @@ class ImageFolderSource(Source):
 
     def _note_end(self) -> None:
         if self._images_this_pass == 0:
-            self.error = f"{self._folder}: no readable image"
+            last = f" (the last: {self._last_skip})" if self._last_skip else ""
+            self.error = f"{self._folder}: no readable image{last}"
         else:
             self.eof = True
 
@@ -424,9 +452,10 @@ def synthetic_frame(spec: SyntheticSpec) -> np.ndarray:
     if spec.image is None:
         frame = textured_frame(spec.width, spec.height)
     else:
-        image = cv2.imread(spec.image, cv2.IMREAD_COLOR)
-        if image is None:
-            raise SourceError(synthetic_image_problem(spec.image) or f"{spec.image}: cannot decode image")
+        try:
+            image = read_image(spec.image)
+        except ImageError as exc:
+            raise SourceError(synthetic_image_problem(spec.image) or str(exc)) from None
         frame = resize_to(image, spec.width, spec.height)
     frame = np.ascontiguousarray(frame)
     frame.setflags(write=False)
@@ -535,18 +564,20 @@ def open_v4l2(path: str, camera: str | None = None) -> CaptureSource:
 
 def open_source(url: str, *, loop: bool = False, open_timeout_s: float = 10.0,
                 read_timeout_s: float = 10.0, camera: str | None = None,
-                decode_threads: int = DEFAULT_DECODE_THREADS, reuse_frame: bool = False) -> Source:
+                decode_threads: int = DEFAULT_DECODE_THREADS, reuse_frame: bool = False,
+                image_limits: ImageLimits = DEFAULT_LIMITS) -> Source:
     """Open `url` as the right kind of source. Raises SourceError (safe to log) on failure,
     UnsupportedSourceError when the URL can never work. `camera` names it in log records.
     `decode_threads` applies to what FFmpeg decodes (files and network streams); `reuse_frame`
-    lets OpenCV captures decode every frame into the same array (see `Source.reuse_frame`)."""
-    source = _open(url, loop, open_timeout_s, read_timeout_s, camera, decode_threads)
+    lets OpenCV captures decode every frame into the same array (see `Source.reuse_frame`);
+    `image_limits` bounds the image files of a folder (see `imagesize`)."""
+    source = _open(url, loop, open_timeout_s, read_timeout_s, camera, decode_threads, image_limits)
     source.reuse_frame = reuse_frame
     return source
 
 
 def _open(url: str, loop: bool, open_timeout_s: float, read_timeout_s: float, camera: str | None,
-          decode_threads: int) -> Source:
+          decode_threads: int, image_limits: ImageLimits) -> Source:
     kind = source_kind(url)
     if kind in (SourceKind.RTSP, SourceKind.HTTP):
         return open_stream(url, kind, open_timeout_s, read_timeout_s, camera, decode_threads)
@@ -556,5 +587,5 @@ def _open(url: str, loop: bool, open_timeout_s: float, read_timeout_s: float, ca
     if kind is SourceKind.V4L2:
         return open_v4l2(path, camera)
     if kind is SourceKind.FOLDER:
-        return ImageFolderSource(path, loop, camera)
+        return ImageFolderSource(path, loop, camera, image_limits)
     return VideoFileSource(path, loop, camera, decode_threads)

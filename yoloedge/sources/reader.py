@@ -39,6 +39,7 @@ from ..redact import SECRETS, redact_text, redact_url, replace_all, url_secrets
 from ..threads import lower_priority
 from .capture import Source, SourceError, SourceKind, UnsupportedSourceError, open_source
 from .frame import Frame, FrameSink, SinkClosed
+from .imagesize import DEFAULT_LIMITS, ImageLimits, over_pixel_bound
 from .state import CameraState
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,7 @@ class Connection:
         self.last_good_at: float | None = None
         self.late_at: float | None = None  # when the last late read returned
         self.frame_size: tuple[int, int] | None = None
+        self.skipped_seen = 0  # the source's skipped-image count already added to the reader's
         #: while `reading`, a stall is counted from here: the start of the first read after the
         #: last good frame (time spent pacing or blocked on a full lossless queue does not count)
         self.progress_mark: float | None = None
@@ -200,12 +202,17 @@ class CameraReader:
 
     `on_state(camera, state, reason)` is called on every state change, from the reader's own
     thread (or from stop()); it must not block for long.
+
+    `limits` bounds what a camera may hand us: image files over it are skipped, and a stream
+    whose frames are over its pixel bound fails like a broken one (backoff, retry), before the
+    frame goes anywhere: one hostile camera must not take the memory every camera needs.
     """
 
     def __init__(self, config: CameraConfig, sink: FrameSink, stall_timeout_s: float,
                  on_state: StateCallback | None = None, clock: Callable[[], float] = time.monotonic,
-                 reuse_frames: bool = False):
+                 reuse_frames: bool = False, limits: ImageLimits = DEFAULT_LIMITS):
         self._config = config
+        self._limits = limits
         self._sink = sink
         #: the sink is done with each frame when it returns: decode the next one into the same array
         self._reuse_frames = reuse_frames
@@ -237,6 +244,7 @@ class CameraReader:
         self._late_frames = 0
         self._reconnects = 0
         self._stalls = 0
+        self._images_skipped = 0
         self._error: str | None = None
         self._last_good_at: float | None = None
         self._retry_in_s: float | None = None
@@ -322,6 +330,7 @@ class CameraReader:
                 "late_frames": self._late_frames,
                 "reconnects": self._reconnects,
                 "stalls": self._stalls,
+                "images_skipped": self._images_skipped,
                 "last_frame_age_s": None if self._last_good_at is None else round(now - self._last_good_at, 3),
                 "fps_in": round(self._rate_in.rate(), 2),
                 "fps_out": round(self._rate_out.rate(), 2),
@@ -498,7 +507,8 @@ class CameraReader:
             source = open_source(self._config.url, loop=self._config.loop,
                                  open_timeout_s=self._config.open_timeout_s,
                                  read_timeout_s=self._config.read_timeout_s, camera=self.name,
-                                 decode_threads=self._config.decode_threads, reuse_frame=self._reuse_frames)
+                                 decode_threads=self._config.decode_threads, reuse_frame=self._reuse_frames,
+                                 image_limits=self._limits)
             conn.opened_at = conn.progress_mark = self._clock()
             if not conn.cancelled.is_set():
                 self._pump(conn, source)
@@ -529,11 +539,16 @@ class CameraReader:
                 if conn.cancelled.is_set():
                     return
             image, read_s = self._timed_read(conn, source)
+            self._count_skipped(conn, source)
             if conn.cancelled.is_set():
                 return  # abandoned while reading: whatever came back is stale
             if image is None:
                 timed_out = late_after is not None and read_s >= late_after
                 self._finish_source(conn, source, timed_out)
+                return
+            too_large = over_pixel_bound(int(image.shape[1]), int(image.shape[0]), self._limits)
+            if too_large is not None:
+                conn.finish(Outcome.ERROR, self._scrub(f"{source.description}: a frame of {too_large}"))
                 return
             seq = self._count_frame_in(conn)
             if seq is None:
@@ -597,6 +612,14 @@ class CameraReader:
             self._frames_in += 1
         self._rate_in.mark()
         return seq
+
+    def _count_skipped(self, conn: Connection, source: Source) -> None:
+        """Add the images the source skipped since the last look to the reader's count."""
+        new = source.skipped - conn.skipped_seen
+        if new > 0:
+            conn.skipped_seen = source.skipped
+            with self._lock:
+                self._images_skipped += new
 
     def _count_late(self, read_s: float) -> None:
         with self._lock:
