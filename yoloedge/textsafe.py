@@ -34,6 +34,14 @@ def _escape(match: re.Match[str]) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
+def first_unsafe(text: str) -> tuple[int, str] | None:
+    """(1-based position, escaped character) of the first character `printable` would escape, else
+    None. Config values are refused by the same rule (`config.yamltree`): one definition of what
+    may not pass through unescaped."""
+    match = _UNSAFE.search(text)
+    return None if match is None else (match.start() + 1, _escape(match))
+
+
 def printable(text: str, *, keep_newlines: bool = False) -> str:
     """`text` with every character that could command a terminal written as an escape.
 

@@ -19,6 +19,7 @@ from typing import Any, Mapping, NoReturn
 
 import yaml
 
+from ..textsafe import first_unsafe
 from .envsubst import SubstitutionError, has_references, substitute
 from .errors import ConfigError, ConfigIssue, IssueLog
 
@@ -32,8 +33,6 @@ MAX_ALIAS_VALUES = 20_000
 #: integers are refused from this magnitude on: no setting needs them, and readers compare them
 #: with floats (a 400-digit integer overflows float()).
 MAX_INTEGER = 2 ** 63
-#: C0 controls, DEL, C1 controls and the Unicode line and paragraph separators.
-_CONTROL = frozenset(map(chr, [*range(0x00, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]))
 
 
 @dataclass
@@ -147,12 +146,11 @@ def _limit_issue(file: str, exc: LimitExceeded) -> ConfigIssue:
 
 
 def control_character(text: str) -> str | None:
-    """'found \\r at position 23' for the first control character in `text`, else None. The
-    value itself is never shown: it may be a password or a URL with credentials."""
-    for position, char in enumerate(text, 1):
-        if char in _CONTROL:
-            return f"found {ascii(char)[1:-1]} at position {position}"
-    return None
+    """'found \\r at position 23' for the first control character in `text` (C0, DEL, C1, line
+    separators, bidi overrides: what `textsafe` escapes on a terminal), else None. The value
+    itself is never shown: it may be a password or a URL with credentials."""
+    found = first_unsafe(text)
+    return None if found is None else f"found {found[1]} at position {found[0]}"
 
 
 def _syntax_issue(file: str, exc: yaml.YAMLError) -> ConfigIssue:
