@@ -234,13 +234,6 @@ def _forms(secrets: Iterable[str]) -> list[str]:
     return forms
 
 
-def replace_all(text: str, pairs: Iterable[tuple[str, str]]) -> str:
-    """`text` with each pair's text replaced, longest first (a password may be part of a URL)."""
-    for secret, replacement in sorted(pairs, key=lambda pair: len(pair[0]), reverse=True):
-        text = text.replace(secret, replacement)
-    return text
-
-
 class SecretRegistry:
     """Every secret the configuration holds, for redacting free text that may quote one.
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..config.schema import CameraConfig
 from ..metrics import RateMeter
-from ..redact import SECRETS, redact_text, redact_url, replace_all, url_secrets
+from ..redact import SECRETS, redact_text, redact_url
 from ..threads import lower_priority
 from .capture import Source, SourceError, SourceKind, UnsupportedSourceError, open_source
 from .frame import Frame, FrameSink, SinkClosed
@@ -220,9 +220,7 @@ class CameraReader:
         self._on_state = on_state
         self._clock = clock
         self._safe_url = redact_url(config.url)
-        #: the raw URL and its secrets, each with what replaces it (see `url_secrets`)
-        self._secrets = url_secrets(config.url)
-        SECRETS.add_url(config.url)  # for the log filter, should anything else quote the URL
+        SECRETS.add_url(config.url)  # for _scrub and the log filter: the raw URL in any form it is quoted
         self._stop = threading.Event()
         self._lock = threading.Lock()  # this reader's counters; never shared with other readers
         #: serializes state changes and their callbacks, so listeners see them in order
@@ -699,8 +697,9 @@ class CameraReader:
 
     def _scrub(self, text: str) -> str:
         """Remove credentials from text that may quote the URL (FFmpeg, OpenCV, exceptions): the raw
-        URL and its secrets in whatever form they appear, then every URL in its display form."""
-        return redact_text(replace_all(text, self._secrets))
+        URL and its secrets in whatever form they appear (registered above), then every URL in
+        its display form."""
+        return redact_text(text)
 
     def _log(self, level: int, msg: str, *args: object) -> None:
         log.log(level, msg, *args, extra={"camera": self.name})
