@@ -3,7 +3,9 @@ durable outbox (spool): real TCP servers that misbehave, real mosquitto, the rea
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
 import socket
 import threading
@@ -16,6 +18,7 @@ from conftest_mqtt import require_programs
 from daemon_harness import Daemon, NotifySocket, status, write_config
 from yoloedge.config import MqttConfig
 from yoloedge.publish import MqttPublisher, Topics
+from yoloedge.publish.spool import Spool
 
 DEVICE = "edge-07"
 TOPICS = Topics("yoloedge", DEVICE)
@@ -74,10 +77,15 @@ class FakeServer:
 def make_publisher():
     made: list[MqttPublisher] = []
 
-    def make(host: str, port: int, **options) -> MqttPublisher:
+    def make(host: str, port: int, spool_write=None, **options) -> MqttPublisher:
+        """`spool_write`: the spool's os.write, to make its disk fail (see test_spool.py)."""
         settings = {"host": host, "port": port, "reconnect_min_s": 0.1, "reconnect_max_s": 0.3,
                     "keepalive_s": 1, **options}
         pub = MqttPublisher(MqttConfig(**settings), DEVICE, "9.9.9")
+        if spool_write is not None:
+            spool = pub._spool
+            pub._spool = Spool(spool.directory, spool.limit_bytes,
+                               fsync_interval_s=spool.fsync_interval_s, write=spool_write)
         made.append(pub)
         pub.start()
         return pub
@@ -206,6 +214,93 @@ def test_spool_keeps_messages_across_a_stop_during_an_outage(tmp_path, mosquitto
     assert first_seen == list(range(401))
     assert _wait(lambda: second.stats()["spooled"] == 0, 10)
     assert _wait(lambda: not list(spool_dir.glob("*.seg")), 5)  # acknowledged: deleted
+
+
+def test_a_disk_that_fills_mid_record_loses_no_message(tmp_path, mosquitto_factory,
+                                                    subscriber_factory, make_publisher):
+    """The spool's disk fills in the middle of a record during an outage: that message and the
+    next ones are kept in memory (and the error reported), the spool takes messages again once
+    there is room, and every message arrives when the broker is back."""
+    from test_spool import _DiskFills
+
+    broker = mosquitto_factory(persistence=True)
+    topic = TOPICS.detections("cam1")
+    sub = subscriber_factory(broker, (topic,), client_id="full-disk-sub", clean_session=False)
+    broker.stop()
+    disk = _DiskFills(full_after=5)
+    pub = make_publisher(broker.host, broker.port, spool_dir=str(tmp_path / "spool"),
+                         keepalive_s=5, spool_write=disk)
+    for seq in range(10):  # 5 spooled; 5 cut short, 6-9 ENOSPC: in memory
+        assert pub.publish_detections("cam1", {"seq": seq})
+    stats = pub.stats()
+    assert "cannot write to the spool" in stats["last_error"] and "No space" in stats["last_error"]
+    assert stats["spooled"] == 5 and stats["queued"] == 10 and stats["dropped"] == 0
+    disk.free()
+    for seq in range(10, 15):
+        assert pub.publish_detections("cam1", {"seq": seq})
+    assert pub.stats()["spooled"] == 10
+    broker.start()
+    assert sub.wait_for(lambda ms: {m.json()["seq"] for m in ms} >= set(range(15)), 20), \
+        (pub.stats(), [m.json() for m in sub.messages(topic)])
+    assert _wait(lambda: pub.stats()["queued"] == 0 and pub.stats()["spooled"] == 0, 10)
+
+
+def test_a_damaged_spool_record_does_not_make_the_spool_thread_spin(tmp_path, mosquitto_factory,
+                                                                   make_publisher):
+    """A record the spool counts but cannot read back (damaged on disk): each fruitless drain is
+    followed by a wait, not by the next drain at once (events counted, not CPU time)."""
+    broker = mosquitto_factory()
+    broker.stop()
+    spool_dir = tmp_path / "spool"
+    pub = make_publisher(broker.host, broker.port, spool_dir=str(spool_dir), keepalive_s=5)
+    for seq in range(3):
+        assert pub.publish_detections("cam1", {"seq": seq})
+    [segment] = spool_dir.glob("*.seg")
+    with open(segment, "r+b") as f:  # a byte of the first record's body: its CRC fails
+        f.seek(20)
+        byte = f.read(1)
+        f.seek(20)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    spool = pub._spool
+    events: list[str] = []
+    real_read, real_wait = spool.read, pub._lock.wait
+
+    def read(*args):
+        out = real_read(*args)
+        events.append(f"read {len(out)}")
+        return out
+
+    def wait(timeout=None):
+        if threading.current_thread().name == "mqtt-spool":
+            events.append("wait")
+        return real_wait(timeout)
+
+    spool.read, pub._lock.wait = read, wait
+    broker.start()
+    assert pub.wait_connected(10)
+    assert _wait(lambda: events.count("read 0") >= 3, 15), events[-20:]
+    spins = sum(1 for a, b in zip(events, events[1:]) if a == "read 0" and b.startswith("read"))
+    assert spins == 0, (spins, len(events), events[:20])
+
+
+def test_stop_never_raises_and_frees_the_spool_when_its_fsync_fails(tmp_path, mosquitto_factory,
+                                                                   make_publisher, monkeypatch):
+    broker = mosquitto_factory()
+    broker.stop()
+    spool_dir = tmp_path / "spool"
+    pub = make_publisher(broker.host, broker.port, spool_dir=str(spool_dir), keepalive_s=5)
+    assert pub.publish_detections("cam1", {"seq": 1})
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    pub.stop(timeout_s=0.5)  # must not raise: the daemon stops or replaces the client next
+    monkeypatch.undo()
+    assert "closing the spool" in pub.stats()["last_error"]
+    again = Spool(str(spool_dir), limit_bytes=1 << 20)  # the directory lock was released
+    assert again.open() == 1
+    again.close()
 
 
 # ---------------------------------------------------------------- the real daemon

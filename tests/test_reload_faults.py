@@ -165,3 +165,71 @@ def test_a_broker_client_that_cannot_start_is_replaced_by_one_with_the_old_setti
     finally:
         if daemon.publisher is not None:
             daemon.publisher.stop(timeout_s=2)
+
+
+def _in_process_daemon(tmp_path: Path, models: Path, mosquitto, **mqtt):
+    from yoloedge.config.loader import load_config
+    from yoloedge.daemon import Daemon as InProcessDaemon
+
+    config = {"device_id": DEVICE, "model": {"path": str(models / "yolov8n_coco_int8.onnx")}, "cameras": [],
+              "mqtt": {"host": mosquitto.host, "port": mosquitto.port, "topic_prefix": PREFIX, **mqtt},
+              "control": {"socket": str(tmp_path / "control.sock")}}
+    path = write_config(tmp_path / "yoloedge.yaml", config)
+    return InProcessDaemon(load_config(str(path), {}), str(path), {}), config, path
+
+
+def test_a_client_that_fails_half_way_through_starting_releases_its_spool(tmp_path, models, mosquitto,
+                                                                          monkeypatch):
+    """Its network thread cannot start (threads exhausted): the half-started client is stopped, so
+    the fallback client (same spool directory) can open the spool, and no spool thread is left."""
+    import threading
+    import time
+
+    import paho.mqtt.client as mqtt
+
+    from yoloedge.publish.spool import Spool
+
+    spool_dir = tmp_path / "spool"
+    daemon, _, _ = _in_process_daemon(tmp_path, models, mosquitto, spool_dir=str(spool_dir))
+
+    def no_thread(self) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(mqtt.Client, "loop_start", no_thread)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        daemon._online_publisher(daemon.config.mqtt)
+    monkeypatch.undo()
+    spool = Spool(str(spool_dir), limit_bytes=1 << 20)
+    assert spool.open() == 0  # not "in use by another process"
+    spool.close()
+    deadline = time.monotonic() + 5
+    while any(t.name == "mqtt-spool" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not any(t.name == "mqtt-spool" for t in threading.enumerate())
+
+
+def test_the_publisher_goes_back_even_when_putting_the_cameras_back_fails(tmp_path, models, mosquitto,
+                                                                          subscriber, monkeypatch):
+    daemon, config, path = _in_process_daemon(tmp_path, models, mosquitto)
+    from yoloedge.config.loader import load_config
+
+    daemon._start_publisher(daemon.config).set_status("online")
+    config["mqtt"]["topic_prefix"] = "new"
+    new = load_config(str(write_config(path, config)), {})
+    calls: list[str] = []
+
+    def cameras_fail(old, new, strict=True) -> None:
+        calls.append("apply" if strict else "rollback")
+        raise RuntimeError(f"camera failure during {calls[-1]}")
+
+    monkeypatch.setattr(daemon, "_apply_cameras", cameras_fail)
+    try:
+        with pytest.raises(RuntimeError, match="during rollback"):
+            daemon._apply(new)
+        assert calls == ["apply", "rollback"]
+        assert daemon.publisher is not None
+        assert daemon.publisher.topics.status == f"{PREFIX}/{DEVICE}/status"  # the old settings
+        assert daemon.publisher.wait_connected(10)
+    finally:
+        if daemon.publisher is not None:
+            daemon.publisher.stop(timeout_s=2)

@@ -3,14 +3,18 @@ torn and corrupt tails, the byte limit, and recovery after a process is killed m
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import zlib
 from pathlib import Path
+
+import pytest
 
 from yoloedge.publish.spool import Record, Spool
 
@@ -242,3 +246,145 @@ def test_one_process_at_a_time(tmp_path):
     first.close()
     assert second.open() == 0  # free again after close()
     second.close()
+
+
+class _DiskFills:
+    """os.write as on a disk that fills: call `full_after` writes in full, then one short write
+    (half the bytes), then ENOSPC for every call until `free()`."""
+
+    def __init__(self, full_after: int) -> None:
+        self.left = full_after
+        self.short_done = False
+        self.full = True
+
+    def free(self) -> None:
+        self.full = False
+
+    def __call__(self, fd: int, data) -> int:
+        if self.left > 0 or not self.full:
+            self.left -= 1
+            return os.write(fd, data)
+        if not self.short_done:
+            self.short_done = True
+            return os.write(fd, bytes(data)[:len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_write_that_fails_midway_leaves_no_torn_record(tmp_path):
+    """Disk full in the middle of a record: append raises, the partial bytes are cut off, and the
+    records before and after it are all readable in this run and after a reopen."""
+    write = _DiskFills(full_after=3)
+    spool = Spool(str(tmp_path), limit_bytes=1 << 20, write=write)
+    spool.open()
+    for i in range(3):
+        spool.append(_record(i))
+    for i in (3, 4):  # the short write, then ENOSPC
+        with pytest.raises(OSError) as failed:
+            spool.append(_record(i))
+        assert failed.value.errno == errno.ENOSPC
+    assert sum(p.stat().st_size for p in _segments(tmp_path)) == sum(_on_disk_size(i) for i in range(3))
+    assert spool.unacked == 3
+    write.free()
+    spool.append(_record(5))
+    assert [r for _, r in spool.read(100, 1 << 20)] == [_record(i) for i in (0, 1, 2, 5)]
+    assert not spool.has_unsent
+    spool.close()
+
+    again = Spool(str(tmp_path), limit_bytes=1 << 20)
+    assert again.open() == 4 and again.discarded_bytes == 0
+    assert [r for _, r in again.read(100, 1 << 20)] == [_record(i) for i in (0, 1, 2, 5)]
+    again.close()
+
+
+def test_a_real_file_size_limit_mid_record_is_cut_back(tmp_path):
+    """The kernel's own short write and EFBIG (RLIMIT_FSIZE, in a child process): the record
+    that did not fit is not kept, the next one goes to a new segment, nothing is discarded."""
+    limit = 5 * _on_disk_size(0) + _on_disk_size(5) // 2  # the sixth record crosses the limit
+    child = textwrap.dedent(f"""
+        import errno, resource, signal, sys
+        sys.path.insert(0, {str(REPO)!r})
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_spool import _record
+        from yoloedge.publish.spool import Spool
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        spool = Spool({str(tmp_path)!r}, limit_bytes=1 << 20)
+        spool.open()
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.RLIM_INFINITY))
+        for i in range(8):
+            try:
+                spool.append(_record(i))
+            except OSError as exc:
+                print("failed", i, errno.errorcode[exc.errno], flush=True)
+        spool.close()
+    """)
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["failed", "5", "EFBIG"]
+    again = Spool(str(tmp_path), limit_bytes=1 << 20)
+    assert again.open() == 7 and again.discarded_bytes == 0
+    assert [r for _, r in again.read(100, 1 << 20)] == [_record(i) for i in (0, 1, 2, 3, 4, 6, 7)]
+    again.close()
+
+
+def test_a_failed_recovery_does_not_keep_the_directory_locked(tmp_path):
+    (tmp_path / f"{0:020d}.seg").mkdir()  # not a file: recovery fails
+    with pytest.raises(OSError):
+        Spool(str(tmp_path), limit_bytes=1 << 20).open()
+    (tmp_path / f"{0:020d}.seg").rmdir()
+    again = Spool(str(tmp_path), limit_bytes=1 << 20)  # the same process tries again (a reload)
+    assert again.open() == 0
+    again.close()
+
+
+def test_a_failing_fsync_at_close_still_releases_the_directory(tmp_path, monkeypatch):
+    spool = Spool(str(tmp_path), limit_bytes=1 << 20)
+    spool.open()
+    spool.append(_record(1))
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError):
+        spool.close()
+    monkeypatch.undo()
+    again = Spool(str(tmp_path), limit_bytes=1 << 20)
+    assert again.open() == 1
+    again.close()
+
+
+def test_fsync_does_not_hold_the_spool_lock(tmp_path, monkeypatch):
+    """A slow fsync (an SD card during an outage) must not block append, ack or the counters,
+    which the MQTT client calls from its network thread and from every publish."""
+    entered, release = threading.Event(), threading.Event()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        entered.set()
+        release.wait(30)
+        real_fsync(fd)
+
+    spool = Spool(str(tmp_path), limit_bytes=1 << 20)
+    spool.open()
+    seq = spool.append(_record(1))
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    syncing = threading.Thread(target=spool.sync, kwargs={"force": True})
+    syncing.start()
+    try:
+        assert entered.wait(10)
+        done = threading.Event()
+
+        def others() -> None:
+            spool.ack(seq)
+            spool.append(_record(2))
+            assert spool.unacked == 1 and spool.has_unsent
+            done.set()
+
+        worker = threading.Thread(target=others)
+        worker.start()
+        assert done.wait(10), "append/ack/unacked waited for an fsync"
+    finally:
+        release.set()
+        syncing.join(10)
+    worker.join(10)
+    spool.close()

@@ -258,7 +258,17 @@ class MqttPublisher:
     def stop(self, timeout_s: float, final_status: str | None = "stopped") -> None:
         """Publish `final_status`, wait (at most `timeout_s` in all) until everything queued is
         acknowledged, then disconnect cleanly so the broker does NOT publish the Last Will.
-        Safe to call more than once, and before start()."""
+        Safe to call more than once, and before start(). Never raises: the daemon stops or
+        replaces the client next, and a failure here (a spool whose final fsync fails) must not
+        keep it from that; the failure is logged and kept in stats()["last_error"]."""
+        try:
+            self._stop(timeout_s, final_status)
+        except Exception as exc:  # noqa: BLE001 - logged with traceback and reported in stats
+            logger.exception("MQTT: stopping the client failed")
+            with self._lock:
+                self._last_error = f"stopping the client failed: {exc}"
+
+    def _stop(self, timeout_s: float, final_status: str | None) -> None:
         with self._send_lock:
             if self._stop_requested:
                 return
@@ -283,8 +293,13 @@ class MqttPublisher:
             self._lock.notify_all()
         if self._spool_thread is not None:
             self._spool_thread.join(max(0.0, deadline - time.monotonic()))
-        if self._spool is not None:
-            self._spool.close()
+        spool = self._spool
+        if spool is not None:
+            try:
+                spool.close()  # releases its files and directory lock even when this raises
+            except OSError as exc:
+                self._record_error(f"closing the spool {spool.directory} failed: {exc}; the "
+                                   f"messages spooled last may not survive a power cut")
 
     def _wait_drained(self, deadline: float) -> bool:
         """Block until nothing is queued or unacknowledged, or until `deadline` (monotonic)."""
@@ -668,15 +683,20 @@ class MqttPublisher:
     def _spool_loop(self, spool: Spool) -> None:
         """Hand the spool's backlog to paho as room frees up, and sync the spool about once a
         second, until stop(). An error is reported, never the end of the thread: a thread that
-        died would leave every later message on disk only."""
+        died would leave every later message on disk only. A drain that sent nothing waits like
+        an idle one: records the spool counts but cannot read back (a file damaged on disk)
+        would otherwise make it spin at full CPU."""
+        progress = True
         while True:
             with self._lock:
                 if self._closed:
                     return
-                if not (self._ready and spool.has_unsent and self._full_reason_locked(0) is None):
+                if not (progress and self._ready and spool.has_unsent
+                        and self._full_reason_locked(0) is None):
                     self._lock.wait(SPOOL_SYNC_INTERVAL_S)  # woken by connect, ack, append, stop
+            progress = False
             try:
-                self._drain_spool(spool)
+                progress = self._drain_spool(spool) > 0
                 spool.sync()
             except Exception as exc:  # noqa: BLE001 - logged with traceback and reported in stats
                 logger.exception("MQTT: spool %s", spool.directory)
@@ -684,18 +704,21 @@ class MqttPublisher:
                     self._last_error = f"spool {spool.directory}: {exc}"
                 time.sleep(SPOOL_SYNC_INTERVAL_S)
 
-    def _drain_spool(self, spool: Spool) -> None:
-        """Send what the spool holds beyond its cursor, within the in-memory limits."""
+    def _drain_spool(self, spool: Spool) -> int:
+        """Send what the spool holds beyond its cursor, within the in-memory limits; returns
+        how many records were handed to paho."""
         with self._send_lock:
             with self._lock:
                 if not self._ready or self._closed:
-                    return
+                    return 0
                 room = self._config.queue_limit - len(self._outbox) - len(self._pending)
                 room_bytes = self._config.queue_limit_bytes - self._queued_bytes
             if room <= 0 or room_bytes <= 0:
-                return
-            for seq, rec in spool.read(room, room_bytes):
+                return 0
+            records = spool.read(room, room_bytes)
+            for seq, rec in records:
                 self._send(_Outgoing(rec.topic, rec.payload, rec.qos, rec.retain, seq))
+            return len(records)
 
     def _record_error(self, message: str) -> None:
         """Keep the error for stats(); warn when it is new since the last successful connect,

@@ -30,7 +30,17 @@ fsynced: a deleted segment that reappears after a power cut is only sent again (
 Bounded: segment files never exceed `limit_bytes` in all; an append that would exceed it first
 deletes the oldest segments, and their unacknowledged records are counted in `dropped`.
 
-Thread-safe: one internal lock, a leaf (no callback or other lock is taken while it is held).
+A failed write (disk full, EIO, a short write): `append` cuts the segment back to its last whole
+record, seals it and raises, so the caller keeps that message elsewhere; a torn record in the
+middle of a segment would hide every record after it, in this run and after a restart. The next
+append starts a new segment, so even when the cut fails the torn bytes end a segment, where
+recovery cuts them off without losing anything after them.
+
+Thread-safe: one internal lock, a leaf (no callback or other lock is taken while it is held),
+held only for memory and page-cache work, never for an fsync: the MQTT client appends, acks and
+reads the counters from its network thread and from every publish, and an fsync on an SD card
+during an outage can take seconds. fsyncs run on duplicated descriptors outside it, one sync at
+a time (`_sync_lock`). `unacked`, `has_unsent` and `size_bytes` read plain counters, lock-free.
 """
 
 from __future__ import annotations
@@ -132,13 +142,16 @@ class Spool:
     """See the module docstring. `open()` before use, `close()` at the end."""
 
     def __init__(self, directory: str, limit_bytes: int, segment_bytes: int = 4 << 20,
-                 fsync_interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+                 fsync_interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 write: Callable[[int, bytes | memoryview], int] = os.write):
         self.directory = directory
         self.limit_bytes = limit_bytes
         self.segment_bytes = max(1, min(segment_bytes, limit_bytes // 4))
         self.fsync_interval_s = fsync_interval_s
         self._clock = clock
+        self._write = write  # injectable: tests make the disk fill in the middle of a record
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # one sync() at a time; taken before _lock, never under it
         self._segments: list[_Segment] = []  # oldest first; the last one may be open for appends
         self._file: int | None = None  # fd of the open (last) segment
         self._lock_fd: int | None = None  # holds the directory's flock while open
@@ -149,6 +162,7 @@ class Spool:
         self._next_seq = 0
         self._cursor = 0  # next seq to hand out by read()
         self._bytes = 0
+        self._unacked = 0  # records not acknowledged, kept current under _lock, read without it
         self.recovered = 0
         self.discarded_bytes = 0
         self.dropped = 0
@@ -160,13 +174,20 @@ class Spool:
         records recovered, all of which count as not yet sent."""
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         self._take_directory()
-        with self._lock:
-            names = sorted(n for n in os.listdir(self.directory) if n.endswith(SEGMENT_SUFFIX))
-            for name in names:
-                self._recover(os.path.join(self.directory, name))
-            self.recovered = sum(s.count for s in self._segments)
-            self._cursor = self._segments[0].first_seq if self._segments else self._next_seq
-            return self.recovered
+        try:
+            with self._lock:
+                names = sorted(n for n in os.listdir(self.directory) if n.endswith(SEGMENT_SUFFIX))
+                for name in names:
+                    self._recover(os.path.join(self.directory, name))
+                self.recovered = self._unacked = sum(s.count for s in self._segments)
+                self._cursor = self._segments[0].first_seq if self._segments else self._next_seq
+                return self.recovered
+        except BaseException:
+            # A lock left behind would make every later open in this process (a reload, its
+            # fallback) fail as "in use by another process".
+            self._segments, self._bytes, self._next_seq, self._unacked = [], 0, 0, 0
+            self._release_directory()
+            raise
 
     def _take_directory(self) -> None:
         fd = os.open(os.path.join(self.directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -176,6 +197,11 @@ class Spool:
             os.close(fd)
             raise OSError(errno.EBUSY, "in use by another process", self.directory) from None
         self._lock_fd = fd
+
+    def _release_directory(self) -> None:
+        if self._lock_fd is not None:
+            fd, self._lock_fd = self._lock_fd, None
+            os.close(fd)  # releases the directory for the next run
 
     def _recover(self, path: str) -> None:
         records, valid_end, size = read_segment(path)
@@ -195,13 +221,16 @@ class Spool:
         self._next_seq = seqs[-1] + 1
 
     def close(self) -> None:
-        """fsync and close; unacknowledged records stay on disk for the next run."""
-        with self._lock:
-            self._sync_locked(force=True)
-            self._close_file()
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)  # releases the directory for the next run
-                self._lock_fd = None
+        """fsync and close; unacknowledged records stay on disk for the next run. The files and
+        the directory lock are released even when the fsync fails (which is then raised)."""
+        try:
+            self.sync(force=True)
+        finally:
+            with self._lock:
+                try:
+                    self._close_file()
+                finally:
+                    self._release_directory()
 
     # ------------------------------------------------------------------ writing
 
@@ -212,14 +241,39 @@ class Spool:
             data = encode_record(seq, record)
             self._make_room(len(data))
             segment, fd = self._writable_segment(seq)
-            os.write(fd, data)
+            try:
+                self._write_all(fd, data)
+            except OSError:
+                self._cut_back(segment, fd)
+                raise
             segment.size += len(data)
             segment.count += 1
             self._bytes += len(data)
+            self._unacked += 1
             self._next_seq += 1
             if segment.size >= self.segment_bytes:
                 self._seal()
             return seq
+
+    def _write_all(self, fd: int, data: bytes) -> None:
+        """os.write may write less than asked (a disk filling up, a file size limit): go on with
+        the rest; a write that makes no progress at all is a failure."""
+        view = memoryview(data)
+        while view:
+            written = self._write(fd, view)
+            if written <= 0:
+                raise OSError(errno.EIO, f"short write ({len(data) - len(view)} of {len(data)} bytes)")
+            view = view[written:]
+
+    def _cut_back(self, segment: _Segment, fd: int) -> None:
+        """Undo a record that was not completely written and seal its segment (see the module
+        docstring); an empty segment is removed, so its name is free for the next append."""
+        try:
+            os.ftruncate(fd, segment.size)
+        finally:
+            self._close_file()
+            if segment.count == 0:
+                self._delete(segment)
 
     def _writable_segment(self, seq: int) -> tuple[_Segment, int]:
         if self._file is not None:
@@ -255,6 +309,7 @@ class Spool:
             self._read_cache = None
         self._segments.remove(segment)
         self._bytes -= segment.size
+        self._unacked -= segment.unacked
         try:
             os.unlink(segment.path)
         except FileNotFoundError:
@@ -333,63 +388,82 @@ class Spool:
         with self._lock:
             for segment in self._segments:
                 if segment.first_seq <= seq < segment.end_seq:
-                    segment.acked.add(seq)
+                    if seq not in segment.acked:
+                        segment.acked.add(seq)
+                        self._unacked -= 1
                     return
 
     def sync(self, force: bool = False) -> None:
-        """Delete fully acknowledged segments; fsync the open one when due (or `force`)."""
-        with self._lock:
-            self._sync_locked(force)
+        """Delete fully acknowledged segments; fsync what is due (everything, with `force`).
+        The fsyncs run on duplicated descriptors outside _lock (see the module docstring)."""
+        with self._sync_lock:
+            with self._lock:
+                self._delete_done_locked()
+                due = self._due_locked(force)
+                sync_dir = bool(due) and self._dir_dirty
+                self._dir_dirty = self._dir_dirty and not sync_dir
+            try:
+                for segment, end_seq, fd in due:
+                    os.fsync(fd)
+                    segment.synced_upto = end_seq  # only sync() uses it, under _sync_lock
+                if sync_dir:
+                    self._sync_directory()
+                    sync_dir = False
+            finally:
+                for _, _, fd in due:
+                    os.close(fd)
+                if sync_dir:  # not made durable: the next sync tries again
+                    with self._lock:
+                        self._dir_dirty = True
 
-    def _sync_locked(self, force: bool) -> None:
+    def _delete_done_locked(self) -> None:
         for segment in list(self._segments):
             is_open = segment is self._segments[-1] and self._file is not None
             if segment.done and (not is_open or self._cursor >= self._next_seq):
                 if is_open:
                     self._close_file()
                 self._delete(segment)
+
+    def _due_locked(self, force: bool) -> list[tuple[_Segment, int, int]]:
+        """The segments to fsync now, each with the seq its fsync makes durable up to and a
+        descriptor of its own, so the fsync can run while appends and deletions go on."""
         now = self._clock()
         if not force and now - self._last_tick < self.fsync_interval_s:
-            return
-        for segment in self._segments:
-            # fsync only for records still unacknowledged a whole interval after they were
-            # written: during an outage every record; on a healthy link none, so no disk writes.
-            upto = segment.end_seq if force else min(self._watermark, segment.end_seq)
-            due = range(max(segment.synced_upto, segment.first_seq), upto)
-            if any(seq not in segment.acked for seq in due):
-                self._fsync(segment)
-            elif due:
-                segment.synced_upto = due.stop  # all acknowledged: never needs an fsync
+            return []
+        due: list[tuple[_Segment, int, int]] = []
+        try:
+            for segment in self._segments:
+                # fsync only for records still unacknowledged a whole interval after they were
+                # written: during an outage every record; on a healthy link none, so no disk writes.
+                upto = segment.end_seq if force else min(self._watermark, segment.end_seq)
+                seqs = range(max(segment.synced_upto, segment.first_seq), upto)
+                if any(seq not in segment.acked for seq in seqs):
+                    due.append((segment, segment.end_seq, self._descriptor(segment)))
+                elif seqs:
+                    segment.synced_upto = seqs.stop  # all acknowledged: never needs an fsync
+        except BaseException:
+            for _, _, fd in due:
+                os.close(fd)
+            raise
         if not force:
             self._watermark, self._last_tick = self._next_seq, now
+        return due
 
-    def _fsync(self, segment: _Segment) -> None:
+    def _descriptor(self, segment: _Segment) -> int:
         if segment is self._segments[-1] and self._file is not None:
-            os.fsync(self._file)
-        else:  # a sealed segment: fsync works on a read-only descriptor
-            fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        segment.synced_upto = segment.end_seq
-        if self._dir_dirty:
-            self._sync_directory()
-            self._dir_dirty = False
+            return os.dup(self._file)
+        return os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)  # fsync works read-only
 
     # ------------------------------------------------------------------ counters
 
     @property
     def has_unsent(self) -> bool:
-        with self._lock:
-            return self._cursor < self._next_seq and bool(self._segments)
+        return self._cursor < self._next_seq and bool(self._segments)
 
     @property
     def unacked(self) -> int:
-        with self._lock:
-            return sum(s.unacked for s in self._segments)
+        return self._unacked
 
     @property
     def size_bytes(self) -> int:
-        with self._lock:
-            return self._bytes
+        return self._bytes
