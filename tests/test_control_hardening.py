@@ -4,6 +4,8 @@ injected clock where a deadline matters) and against the real daemon's socket.""
 
 from __future__ import annotations
 
+import dataclasses
+import glob
 import json
 import logging
 import os
@@ -22,7 +24,13 @@ from daemon_harness import REPO, Daemon, NotifySocket, write_config
 from yoloedge import demo
 from yoloedge.control import protocol
 from yoloedge.control.client import ControlError, request
-from yoloedge.control.server import MAX_CONNECTIONS, MAX_HANDLERS, MAX_REQUEST_BYTES, ControlServer
+from yoloedge.control import server as server_module
+from yoloedge.control.server import (MAX_CONNECTIONS, MAX_HANDLERS, MAX_MALFORMED_LINES, MAX_REQUEST_BYTES,
+                                     ControlServer, Lane, Phase)
+from yoloedge.config.loader import load_config
+from yoloedge.daemon import Daemon as YoloDaemon
+from yoloedge.pipeline.groups import AcceleratorGroup
+from yoloedge.pipeline.worker import DeviceWorker
 
 #: (name, request bytes): each must get one `{"ok": false, "error": ...}` reply.
 HOSTILE = [
@@ -72,10 +80,18 @@ class Handler:
 
 
 class FakeClock:
+    """Moved by the test; `hold` stops the I/O thread in its next read of the clock."""
+
     def __init__(self) -> None:
         self.now = 1000.0
+        self.go = threading.Event()
+        self.go.set()
+        self.held = threading.Event()  # the I/O thread waits in the clock
 
     def __call__(self) -> float:
+        if not self.go.is_set():
+            self.held.set()
+            self.go.wait(30)
         return self.now
 
 
@@ -223,6 +239,28 @@ def test_good_lines_after_a_bad_one_on_the_same_connection_are_served(server):
     assert [r["ok"] for r in got] == [False, True, True]
 
 
+def test_a_flood_of_malformed_lines_is_cut_short_and_hurts_no_other_client(server):
+    """Each malformed line used to be answered five stack frames deeper: 400 of them in one send
+    raised RecursionError in the I/O thread, which then dropped every connection."""
+    with connect(server.path) as other:
+        with connect(server.path) as flooder:
+            try:
+                flooder.sendall(b"x\n" * 5000)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # closed after the last malformed line it answers
+            got = replies(read_all(flooder))
+        assert len(got) == MAX_MALFORMED_LINES and not any(r["ok"] for r in got), got
+        assert "closing the connection" in got[-1]["error"]
+        other.sendall(b'{"cmd": "status"}\n')
+        assert json.loads(other.makefile("rb").readline()) == {"ok": True, "state": "running"}
+
+
+def test_thousands_of_pipelined_lines_are_served_by_a_loop_not_recursion(server, monkeypatch):
+    monkeypatch.setattr(server_module, "MAX_MALFORMED_LINES", 10**6)
+    got = exchange(server.path, b"x\n" * 5000 + b'{"cmd": "status"}\n')
+    assert len(got) == 5001 and got[-1] == {"ok": True, "state": "running"}
+
+
 # --- deadlines (injected clock) -----------------------------------------------------------------
 
 
@@ -232,6 +270,8 @@ def test_the_deadline_covers_the_whole_request_not_each_read(server, clock):
         for _ in range(10):  # a byte at a time: each read succeeds, the request never completes
             sock.sendall(b" ")
             time.sleep(0.02)
+        # accepted and read (at clock 1000) before the clock moves, however slow the I/O thread
+        wait_for(lambda: [bytes(c.buffer) for c in list(server._connections)] == [b'{"cmd":' + b" " * 10])
         clock.now += 4.9
         sock.sendall(b" ")
         sock.settimeout(0.6)  # > the I/O thread's longest sleep: it has looked at the clock
@@ -271,10 +311,11 @@ def test_a_client_that_never_reads_its_reply_is_dropped_and_pins_nothing(server,
     with connect(server.path) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.sendall(b'{"cmd": "big"}\n')
-        time.sleep(0.3)
+        wait_for(lambda: any(c.phase is Phase.WRITING and c.outbox for c in list(server._connections)))
+        stuck = next(c for c in list(server._connections) if c.phase is Phase.WRITING)
         assert still_serving(server.path)  # while the 8 MB reply is stuck
         clock.now += 5.1
-        time.sleep(0.6)
+        wait_for(lambda: stuck.closed)  # before reading: a reader would drain the reply in time
         sock.settimeout(5.0)
         received = read_all(sock)
     assert len(received) < 8 * 1024 * 1024, "the server gave up on the reply"
@@ -363,13 +404,13 @@ def test_handlers_are_bounded_requests_wait_their_turn_until_their_deadline(serv
         wait_for(lambda: len(handler.requests) == MAX_HANDLERS)
         with connect(server.path) as late:
             late.sendall(b'{"cmd": "status"}\n')
-            time.sleep(0.3)
+            wait_for(lambda: len(server._queued[Lane.QUICK]) == 1)
             assert len(handler.requests) == MAX_HANDLERS, "no fifth handler"
             clock.now += 5.1
             assert json.loads(late.makefile("rb").readline()) == {"ok": False, "error": "server busy, try again"}
         with connect(server.path) as later:
             later.sendall(b'{"cmd": "status"}\n')  # queued, then served as soon as a handler is free
-            time.sleep(0.3)
+            wait_for(lambda: len(server._queued[Lane.QUICK]) == 1)
             handler.release.set()
             assert json.loads(later.makefile("rb").readline()) == {"ok": True, "state": "running"}
         for sock in waiting:
@@ -378,6 +419,42 @@ def test_handlers_are_bounded_requests_wait_their_turn_until_their_deadline(serv
     finally:
         for sock in waiting:
             sock.close()
+
+
+def test_slow_commands_never_make_status_wait(sock_dir, handler, thread_crashes):
+    """Four reloads used to take every handler slot for up to 30 s each: status answered "busy"."""
+    path = os.path.join(sock_dir, "control.sock")
+    with ControlServer(path, 0o660, handler, slow=frozenset({"wait"})) as srv:
+        waiting = [connect(path) for _ in range(MAX_HANDLERS + 2)]
+        try:
+            for sock in waiting:
+                sock.sendall(b'{"cmd": "wait"}\n')
+            wait_for(lambda: len(srv._queued[Lane.SLOW]) == 2 and len(handler.requests) == MAX_HANDLERS)
+            assert request(path, {"cmd": "status"}, timeout=5.0) == {"ok": True, "state": "running"}
+            assert len(handler.requests) == MAX_HANDLERS + 1, "slow ones beyond their slots wait"
+            handler.release.set()
+            for sock in waiting:
+                assert json.loads(sock.makefile("rb").readline()) == {"ok": True}
+        finally:
+            for sock in waiting:
+                sock.close()
+    assert not thread_crashes
+
+
+def test_waking_a_stalled_io_thread_never_blocks(server, clock):
+    """Handler threads and stop() poke the I/O thread; a full wake socket must not block them."""
+    clock.go.clear()
+    server_module._poke(server._wake[1])  # the I/O thread wakes, reads the clock, and is held
+    assert clock.held.wait(5)
+    poker = threading.Thread(target=lambda: [server_module._poke(server._wake[1]) for _ in range(100_000)],
+                             daemon=True)
+    poker.start()
+    poker.join(10)
+    stalled = poker.is_alive()
+    clock.go.set()
+    poker.join(30)
+    assert not stalled, "a poke blocked on the full wake socket"
+    assert still_serving(server.path)
 
 
 OUT_OF_FDS = """
@@ -519,6 +596,42 @@ def test_nesting_depth_scan():
     assert time.perf_counter() - started < 2.0, "the scan is linear, not backtracking"  # 20 s if quadratic
 
 
+def oldest_supported_python() -> str | None:
+    """An interpreter of the oldest Python that pyproject allows, if this machine has one."""
+    text = (REPO / "pyproject.toml").read_text()
+    version = text.split('requires-python = ">=', 1)[1].split('"', 1)[0]
+    pyenv = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    candidates = [shutil.which(f"python{version}"),
+                  *sorted(glob.glob(os.path.join(pyenv, "versions", f"{version}.*", "bin", "python")))]
+    for candidate in filter(None, candidates):
+        probe = subprocess.run([candidate, "-c", "import sys; print(sys.version_info[:2])"],
+                               capture_output=True, text=True)
+        if probe.returncode == 0 and probe.stdout.strip() == str(tuple(map(int, version.split(".")))):
+            return candidate
+    return None
+
+
+CHECK_ON_OLDEST = """
+import pathlib
+for path in sorted(pathlib.Path("yoloedge").rglob("*.py")):
+    compile(path.read_text(), str(path), "exec")  # syntax of every module
+from yoloedge.control import client, server  # no third-party imports: these run as they are
+from yoloedge.control.protocol import nesting_depth
+assert nesting_depth('{"a": "[[\\\\"]]"}') == 1
+print("ok")
+"""
+
+
+def test_the_control_socket_code_runs_on_the_oldest_supported_python():
+    """Possessive quantifiers (Python 3.11) made the daemon and ctl fail to import on 3.10."""
+    python = oldest_supported_python()
+    if python is None:
+        pytest.skip("no interpreter of the oldest supported Python on this machine")
+    result = subprocess.run([python, "-B", "-c", CHECK_ON_OLDEST], cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert result.stdout.strip() == "ok", result.stderr
+
+
 # --- the real daemon ---------------------------------------------------------------------------------
 
 
@@ -543,6 +656,117 @@ def real_daemon(tmp_path, mosquitto):
         daemon.kill()
         notify.close()
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def in_process_daemon(tmp_path: Path) -> tuple[YoloDaemon, Path]:
+    """A daemon object that is never run: the test plays its main loop."""
+    path = write_config(tmp_path / "yoloedge.yaml", {
+        "device_id": "inproc", "model": {"path": str(demo.MODEL)},
+        "accelerators": [{"backend": "onnxruntime", "provider": "cpu", "devices": [0], "batch": 1}],
+        "cameras": [], "mqtt": {"host": "127.0.0.1", "port": 1883},
+        "control": {"socket": str(tmp_path / "control.sock")}})
+    return YoloDaemon(load_config(str(path), {}), str(path), {}), path
+
+
+def test_a_reload_answers_with_an_attempt_that_read_the_file_after_it_was_asked(tmp_path, monkeypatch):
+    """A reload asked for while another runs used to wake on that one's end and report its result,
+    though that one had read the file before the request (and before the edit it was for)."""
+    daemon, path = in_process_daemon(tmp_path)
+    file_read, finish = threading.Event(), threading.Event()
+    check = daemon._check_reloadable
+
+    def held_after_reading(new):  # the attempt has read the file; hold it there
+        file_read.set()
+        finish.wait(10)
+        check(new)
+
+    monkeypatch.setattr(daemon, "_check_reloadable", held_after_reading)
+    answers: dict[str, dict] = {}
+
+    def ask(name: str) -> threading.Thread:
+        thread = threading.Thread(target=lambda: answers.setdefault(name, daemon._handle_control({"cmd": "reload"})))
+        thread.start()
+        wait_for(daemon._reload.is_set)
+        daemon._reload.clear()  # as the main loop does before each attempt
+        return thread
+
+    first = ask("first")
+    attempt = threading.Thread(target=daemon._do_reload)
+    attempt.start()
+    assert file_read.wait(10)
+    path.write_text("cameras: [not closed\n")  # the edit the second request is for
+    second = ask("second")
+    finish.set()
+    attempt.join(10)
+    first.join(10)
+    assert answers["first"] == {"ok": True, "generation": 2, "reloaded": True, "config_error": None}
+    second.join(1.0)
+    assert "second" not in answers, f"answered from the attempt before it: {answers.get('second')}"
+    daemon._do_reload()
+    second.join(10)
+    assert answers["second"]["ok"] is False and answers["second"]["reloaded"] is False
+    assert str(path) in answers["second"]["config_error"] and answers["second"]["generation"] == 2
+
+
+def test_reloads_asked_for_together_share_one_attempt(tmp_path):
+    daemon, _ = in_process_daemon(tmp_path)
+    answers: list[dict] = []
+    askers = [threading.Thread(target=lambda: answers.append(daemon._handle_control({"cmd": "reload"})))
+              for _ in range(6)]
+    for thread in askers:
+        thread.start()
+    wait_for(lambda: len(daemon._reload_done._waiters) == 6)  # every asker waits for the attempt
+    daemon._reload.clear()
+    daemon._do_reload()
+    for thread in askers:
+        thread.join(10)
+    assert answers == [{"ok": True, "generation": 2, "reloaded": True, "config_error": None}] * 6
+    assert daemon.generation == 2
+
+
+def test_status_while_the_accelerators_are_being_set_up(tmp_path, monkeypatch):
+    """The socket answers during start-up: a status that iterated the accelerator groups while
+    start-up added the next one failed with "dictionary changed size during iteration"."""
+    daemon, path = in_process_daemon(tmp_path)
+    config = load_config(str(path), {})
+    accelerator = config.accelerators[0]
+    daemon.config = config = dataclasses.replace(config, accelerators=(
+        dataclasses.replace(accelerator, name="a"), dataclasses.replace(accelerator, name="b")))
+    in_worker_status, go_on = threading.Event(), threading.Event()
+    worker_status, group_start = DeviceWorker.status, AcceleratorGroup.start
+    failures: list[BaseException] = []
+
+    def paused_status(worker):  # the first call holds the status thread mid-iteration
+        if not in_worker_status.is_set():
+            in_worker_status.set()
+            go_on.wait(10)
+        return worker_status(worker)
+
+    def ask_status() -> None:
+        try:
+            daemon.status()
+        except BaseException as exc:  # noqa: BLE001 -- reported by the test
+            failures.append(exc)
+
+    asker = threading.Thread(target=ask_status)
+
+    def start(group):  # status is asked after the first group started, answered after the second
+        group_start(group)
+        if group.name == "a":
+            asker.start()
+            assert in_worker_status.wait(10)
+        else:
+            go_on.set()
+            asker.join(10)
+
+    monkeypatch.setattr(DeviceWorker, "status", paused_status)
+    monkeypatch.setattr(AcceleratorGroup, "start", start)
+    try:
+        assert daemon._start_accelerators(config)
+    finally:
+        go_on.set()
+        daemon._shutdown()
+    assert not asker.is_alive() and failures == []
 
 
 def ctl_status(path: str) -> subprocess.CompletedProcess:

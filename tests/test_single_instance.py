@@ -72,15 +72,23 @@ def statuses(subscriber) -> list[str]:
     return [p["state"] for p in subscriber.payloads(f"{PREFIX}/one/status")]
 
 
-def test_a_second_daemon_refuses_to_start_before_touching_mqtt(config, run_dir, daemons, subscriber):
+def sessions(mosquitto, client_id: str) -> int:
+    """Connections the broker accepted under `client_id` (it logs each one)."""
+    return mosquitto.log_text().count(f" as {client_id} ")
+
+
+def test_a_second_daemon_refuses_to_start_before_touching_mqtt(config, run_dir, daemons, subscriber, mosquitto):
     first = daemons(config)
     daemons.notify.wait_for("READY", "1", timeout=60)
     assert subscriber.wait_for(lambda ms: "online" in statuses(subscriber), 10)
+    assert sessions(mosquitto, "yoloedge-one") == 1
     second = daemons(config)
     assert wait_exit(second) == EXIT_ALREADY_RUNNING, second.log
     assert refusal(str(run_dir / "control.sock"), first.proc.pid) in second.log
     assert "MQTT" not in second.log and "loaded" not in second.log, second.log  # no broker, no model
-    time.sleep(1.0)
+    # The second one has exited: had it connected, the broker would have logged its session (and
+    # closed the first's), and the first would have gone offline and come back.
+    assert sessions(mosquitto, "yoloedge-one") == 1, mosquitto.log_text()
     assert statuses(subscriber) == ["online"], "the first daemon's MQTT session was never disturbed"
     assert first.proc.poll() is None
     assert status(str(run_dir / "control.sock"))["daemon"]["pid"] == first.proc.pid
@@ -115,6 +123,35 @@ def test_a_crashed_daemons_socket_and_lock_do_not_block_the_next(config, run_dir
     assert following.stop() == 0, following.log
 
 
+def test_a_daemon_without_its_socket_still_keeps_a_second_one_out(tmp_path, config, run_dir, daemons):
+    """A file in the way of the socket costs the first daemon `yoloedge-ctl`, not the instance lock:
+    it used to release the lock and run on, so a second one started beside it."""
+    (run_dir / "control.sock").write_text("not a socket\n")
+    first = daemons(config)
+    daemons.notify.wait_for("READY", "1", timeout=60)
+    assert "exists and is not a socket" in first.log
+    second = daemons(config)
+    assert wait_exit(second, 30) == EXIT_ALREADY_RUNNING, second.log
+    assert refusal(str(run_dir / "control.sock"), first.proc.pid) in second.log
+    assert (run_dir / "control.sock").read_text() == "not a socket\n", "the user's file is untouched"
+    assert first.stop() == 0, first.log
+
+
+def test_a_lock_file_that_cannot_be_created_refuses_to_start(tmp_path, mosquitto, daemons):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    socket_path = blocker / "control.sock"  # its directory is a file: nothing can be created there
+    config = write_config(tmp_path / "nolock.yaml", {
+        "device_id": "one", "model": {"path": str(demo.MODEL)},
+        "accelerators": [{"backend": "onnxruntime", "provider": "cpu", "devices": [0], "batch": 1}],
+        "cameras": [], "mqtt": {"host": mosquitto.host, "port": mosquitto.port, "topic_prefix": PREFIX},
+        "control": {"socket": str(socket_path)}, "shutdown_timeout_s": 5})
+    daemon = daemons(config)
+    assert wait_exit(daemon, 30) == EXIT_ALREADY_RUNNING, daemon.log
+    assert f"not starting: cannot create lock file {socket_path}.lock" in daemon.log, daemon.log
+    assert "MQTT" not in daemon.log, daemon.log
+
+
 # --- the parts, in process -----------------------------------------------------------------------
 
 
@@ -142,6 +179,32 @@ def test_a_live_socket_without_a_lock_refuses_with_the_peers_pid(run_dir):
         with pytest.raises(AlreadyRunning) as raised:
             ControlServer(path, 0o660, lambda r: {"ok": True}).start()
     assert raised.value.pid == os.getpid()
+    assert os.path.exists(path), "a live daemon's socket is never removed"
+
+
+def test_a_live_socket_with_a_full_accept_queue_refuses(run_dir):
+    """A Unix socket whose accept queue is full refuses a connection with EAGAIN: that daemon is
+    alive, just busy, and must not be taken for a crashed one (nor the error for "no socket")."""
+    path = str(run_dir / "control.sock")
+    queued: list[socket.socket] = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as busy:
+        busy.bind(path)
+        busy.listen(0)
+        try:
+            while True:
+                client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                client.setblocking(False)
+                try:
+                    client.connect(path)
+                except BlockingIOError:
+                    client.close()
+                    break
+                queued.append(client)
+            with pytest.raises(AlreadyRunning):
+                ControlServer(path, 0o660, lambda r: {"ok": True}).start()
+        finally:
+            for client in queued:
+                client.close()
     assert os.path.exists(path), "a live daemon's socket is never removed"
 
 

@@ -32,7 +32,8 @@ from . import __version__
 from .config.errors import ConfigError, ConfigIssue
 from .config.loader import load_config
 from .config.schema import CameraConfig, Config, MqttConfig
-from .control.server import AlreadyRunning, ControlServer
+from .control.instance import AlreadyRunning, ControlServerError, InstanceLock
+from .control.server import ControlServer
 from .health.logsetup import redact_text
 from .health.notify import SystemdNotifier, watchdog_interval_s
 from .health.progress import Problem, ProgressTracker
@@ -49,10 +50,12 @@ log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-#: another daemon owns the control socket (sysexits EX_CANTCREAT: the socket cannot be created).
-#: Not 78 (the configuration is fine) and not 1; the unit lists it in RestartPreventExitStatus
-#: so systemd does not retry every RestartSec while the other one runs.
+#: another daemon owns the control socket, or its lock file cannot be created (sysexits
+#: EX_CANTCREAT). Not 78 (the configuration is fine) and not 1; the unit lists it in
+#: RestartPreventExitStatus so systemd does not retry every RestartSec while the other one runs.
 EXIT_ALREADY_RUNNING = 73
+#: how long a `reload` request waits for its attempt before answering "still running".
+RELOAD_WAIT_S = 30.0
 TICK_S = 0.1
 #: camera states that make the daemon report a problem (for an enabled camera)
 UNHEALTHY_CAMERA_STATES = frozenset({CameraState.STALLED, CameraState.BACKOFF, CameraState.FAILED,
@@ -92,23 +95,32 @@ class Daemon:
         self.control: ControlServer | None = None
         self._stop = threading.Event()
         self._reload = threading.Event()
-        self._reload_done = threading.Condition()
+        self._reload_done = threading.Condition()  # guards the two counters below
+        self._reloads_started = 0  # attempts begun (each loads the file after counting itself)
+        self._reloads_finished = 0
+        self._reload_outcome: tuple[int, str | None] = (self.generation, None)  # of the last attempt
+        self.instance = InstanceLock(config.control.socket)
         self._signals = 0
         self._lock = threading.RLock()  # guards cameras/publisher against the control thread
         self.results = ResultPublisher(self.cameras, lambda: self.publisher, config.model.path)
 
     # -- public entry ------------------------------------------------------------------------
     def run(self) -> int:
+        """The instance lock is held from here to the end, whatever becomes of the socket: without
+        it a daemon whose socket failed would let a second one start beside it."""
         self._install_signal_handlers()
         try:
+            self.instance.acquire()
             self._start_control()
-        except AlreadyRunning as exc:  # before MQTT and devices: nothing to shut down
+        except ControlServerError as exc:  # before MQTT and devices: nothing to shut down
+            self.instance.release()
             log.error("not starting: %s", exc)
             return EXIT_ALREADY_RUNNING
         try:
             return self._run()
         finally:
             self._shutdown()
+            self.instance.release()
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -161,13 +173,14 @@ class Daemon:
         return EXIT_OK
 
     def _start_control(self) -> None:
-        """Open the control socket; AlreadyRunning when another daemon owns it.
-
-        Any other failure (a directory that cannot be created, ...) only costs `yoloedge-ctl`.
+        """Open the control socket; AlreadyRunning when another daemon (one older than the lock
+        file) answers on it. Any other failure (a file in the way, a bind refused) only costs
+        `yoloedge-ctl`: the instance lock, already held, still keeps a second daemon out.
         """
         path = self.config.control.socket
         try:
-            self.control = ControlServer(path, self.config.control.mode, self._handle_control)
+            self.control = ControlServer(path, self.config.control.mode, self._handle_control,
+                                         instance=self.instance, slow=frozenset({"reload"}))
             self.control.start()
         except AlreadyRunning:
             self.control = None
@@ -182,9 +195,11 @@ class Daemon:
         return publisher
 
     def _start_accelerators(self, cfg: Config) -> bool:
-        for name, acc in zip(accelerator_names(cfg), cfg.accelerators):
-            group = AcceleratorGroup(name, acc, cfg.model, self.tracker, self.results)
-            self.groups[name] = group
+        # Built whole, then published: `status()` answers from the control thread meanwhile, and
+        # iterating a dict while this thread inserts into it raises.
+        self.groups = {name: AcceleratorGroup(name, acc, cfg.model, self.tracker, self.results)
+                       for name, acc in zip(accelerator_names(cfg), cfg.accelerators)}
+        for group in self.groups.values():
             group.start()
         for group in self.groups.values():
             group.wait_ready(self._stop)
@@ -292,6 +307,8 @@ class Daemon:
         changed is put back, the daemon runs on with generation N, and status shows why."""
         self.state = DaemonState.RELOADING
         self.notifier.reloading()
+        with self._reload_done:
+            self._reloads_started += 1
         try:
             new = load_config(self.config_path, self.environ)
             self._check_reloadable(new)
@@ -309,6 +326,8 @@ class Daemon:
         self.state = DaemonState.RUNNING
         self.notifier.ready(self._status_line())
         with self._reload_done:
+            self._reloads_finished += 1
+            self._reload_outcome = (self.generation, self.config_error)
             self._reload_done.notify_all()
 
     def _reject(self, reason: str) -> None:
@@ -337,9 +356,11 @@ class Daemon:
             self._apply_cameras(old.cameras, new.cameras)
         except Exception:
             self.config = old
-            self._apply_cameras(self._running_cameras(), old.cameras, strict=False)
-            if new.mqtt != old.mqtt:
-                self._replace_publisher(old.mqtt, new.mqtt)
+            try:
+                self._apply_cameras(self._running_cameras(), old.cameras, strict=False)
+            finally:  # the publisher goes back even when putting the cameras back failed
+                if new.mqtt != old.mqtt:
+                    self._replace_publisher(old.mqtt, new.mqtt)
             raise
         self.ignored_changes = ignored
         if ignored:
@@ -386,10 +407,12 @@ class Daemon:
             registered = camera.name in self.cameras
         if registered:
             self._remove_camera(camera.name, clear_state=False)
-        else:
-            group = self.groups.get(camera.accelerator or next(iter(self.groups)))
-            if group is not None:
-                group.batcher.remove_camera(camera.name)
+            return
+        try:
+            group = self._group_for(camera)
+        except (KeyError, StopIteration):
+            return  # no such accelerator: `_add_camera` failed before it registered anything
+        group.batcher.remove_camera(camera.name)
 
     def _replace_publisher(self, settings: MqttConfig, fallback: MqttConfig) -> None:
         """Reconnect with `settings`; when the new client cannot start, reconnect with `fallback`
@@ -399,7 +422,10 @@ class Daemon:
         # bounce the connection between them (and fire the Last Will) while both lived.
         old = self.publisher
         if old is not None:
-            old.stop(timeout_s=5.0, final_status=None)
+            try:
+                old.stop(timeout_s=5.0, final_status=None)
+            except Exception:  # stop() logs its own failures; this guards the reload regardless
+                log.exception("reload: stopping the MQTT client failed; replacing it anyway")
         self.publisher = None  # results and states wait (dropped) until a client runs again
         try:
             self.publisher = self._online_publisher(settings)
@@ -408,9 +434,16 @@ class Daemon:
             raise
 
     def _online_publisher(self, settings: MqttConfig) -> MqttPublisher:
+        """A started client that said "online"; one that fails half-way is stopped before the
+        error is raised, so its spool lock and threads do not outlive it (the fallback client
+        needs that spool directory)."""
         publisher = MqttPublisher(settings, self.config.device_id, __version__)
-        publisher.start()
-        publisher.set_status("online")
+        try:
+            publisher.start()
+            publisher.set_status("online")
+        except BaseException:
+            publisher.stop(timeout_s=0.0, final_status=None)
+            raise
         return publisher
 
     # -- control socket ----------------------------------------------------------------------
@@ -419,13 +452,22 @@ class Daemon:
         if cmd == "status":
             return self.status()
         if cmd == "reload":
-            generation = self.generation
-            with self._reload_done:
-                self._reload.set()
-                self._reload_done.wait(30)
-            return {"ok": self.config_error is None, "generation": self.generation,
-                    "reloaded": self.generation != generation, "config_error": self.config_error}
+            return self._reload_and_wait()
         return {"ok": False, "error": f"unknown command {cmd!r} (status, reload)"}
+
+    def _reload_and_wait(self) -> dict:
+        """Ask the main loop for a reload and answer with the outcome of an attempt that began
+        after this request, so it read the file as it is now. Requests that arrive together
+        share one attempt; an attempt already under way may have read the file before, so it
+        does not count. `ControlServer(slow=...)` keeps these waits out of status's way."""
+        with self._reload_done:
+            wanted = self._reloads_started + 1
+            self._reload.set()
+            if not self._reload_done.wait_for(lambda: self._reloads_finished >= wanted, RELOAD_WAIT_S):
+                # requested, still running (start-up, or a slow camera): ctl says so
+                return {"ok": True, "generation": self.generation, "reloaded": False, "config_error": None}
+            now, error = self._reload_outcome
+        return {"ok": error is None, "generation": now, "reloaded": error is None, "config_error": error}
 
     def status(self) -> dict:
         problems = self._problems()

@@ -9,8 +9,9 @@ is what identifies an instance, so it is also what excludes a second one:
   lock). Two daemons started at the same instant cannot both get it; the holder writes its
   pid into the file so the loser can name it. The file is never removed: unlinking a lock file
   lets a third process lock a fresh inode while the second still holds the old one.
-* a socket file that accepts a connection belongs to a live daemon even if that one holds no
-  lock (an older version); the peer's pid comes from `SO_PEERCRED`. A socket file nobody
+* a socket file that accepts a connection, or refuses one because its accept queue is full,
+  belongs to a live daemon even if that one holds no lock (an older version); the peer's pid
+  comes from `SO_PEERCRED`. A socket file nobody
   accepts on is what a crash leaves behind and is replaced.
 """
 
@@ -66,13 +67,17 @@ class InstanceLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Lock, or raise AlreadyRunning (held by a live process) / ControlServerError."""
+        """Lock, or raise AlreadyRunning (held by a live process) / ControlServerError (the file
+        or its directory cannot be created: the daemon refuses to start then, since without the
+        lock nothing keeps a second one out)."""
         if self._fd is not None:
             return
         try:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), mode=0o755, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
-            raise ControlServerError(f"cannot open lock file {self.path}: {exc.strerror or exc}") from exc
+            raise ControlServerError(f"cannot create lock file {self.path}: {exc.strerror or exc}; the "
+                                     "directory of control.socket must be writable by this user") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -130,8 +135,8 @@ def remove_stale_socket(path: str) -> None:
         log.info("removing stale control socket %s", path)
         os.unlink(path)
         return
-    except socket.timeout:
-        pid = None  # a full accept queue: alive, just busy
+    except (socket.timeout, BlockingIOError):
+        pid = None  # a full accept queue (a Unix socket refuses with EAGAIN): alive, just busy
     except OSError as exc:
         if exc.errno != errno.ENOENT:
             raise ControlServerError(f"cannot check existing control socket {path}: {exc}") from exc

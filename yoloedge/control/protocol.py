@@ -26,9 +26,12 @@ MAX_REPLY_DEPTH = 32
 #: longest number literal accepted (a 64-bit integer has 20 characters).
 MAX_NUMBER_CHARS = 40
 
-#: a string literal, or an unterminated one up to the end: it matches wherever a quote starts,
-#: so the scan never restarts inside a string (possessive, so it never backtracks): linear.
-_STRINGS = re.compile(r'"(?:[^"\\]++|\\.?)*+(?:"|\Z)', re.DOTALL)
+#: a string literal, or an unterminated one up to the end. From a quote it cannot fail (a lone
+#: trailing backslash is taken by the optional `.`), so it never backtracks and the scan never
+#: restarts inside a string: linear. Were the `.` required, a run of quote-backslash pairs ending
+#: in a backslash would fail from every quote after scanning to the end: quadratic, 20 s for
+#: 64 KiB. No possessive quantifiers or atomic groups: they need Python 3.11.
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.?)*(?:"|\Z)', re.DOTALL)
 _BRACKETS = re.compile(r"[\[\]{}]")
 
 

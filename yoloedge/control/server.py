@@ -15,7 +15,9 @@ that has sent nothing by then is closed without a word.
 
 Design: one I/O thread multiplexes every connection with non-blocking sockets, and only a
 complete, parsed request costs a thread (at most `MAX_HANDLERS` at once; more wait their
-turn, and are answered "busy" if it does not come by their deadline). A client that dribbles
+turn, and are answered "busy" if it does not come by their deadline). Commands named `slow`
+(a reload, which waits for the main loop) have handler slots of their own, so however many of
+them wait, `status` is never queued behind them. A client that dribbles
 a byte every few seconds therefore holds no thread, and the deadline covers the whole request
 (the sum of its reads and its wait for a handler), not each read. At most
 `MAX_CONNECTIONS` connections are kept; a new one evicts the connection that has waited
@@ -23,6 +25,11 @@ longest for its request, so a crowd of slow or silent clients can delay `yoloedg
 nothing more than one accept. A thread per connection with per-read timeouts, as before, let
 16 slow clients take every slot. Replies are written by the I/O thread too, under the same
 deadline, so a client that never reads its reply pins nothing either.
+
+Pipelined lines are served by a loop, never by recursion: a reply that cannot be written at once
+resumes the loop only when the socket becomes writable. A connection that sends
+`MAX_MALFORMED_LINES` malformed lines is answered and closed: no client of the protocol does
+that, and the lines behind it are more of the same.
 """
 
 from __future__ import annotations
@@ -54,15 +61,23 @@ Clock = Callable[[], float]
 DEFAULT_MODE = 0o660
 #: connections kept open at once; beyond it the one waiting longest for its request is dropped.
 MAX_CONNECTIONS = 64
-#: requests being handled at once (a reload waits for the main loop); more wait in line, and
-#: are answered "busy" if no handler is free by their deadline.
+#: requests being handled at once, per lane (quick, slow); more wait in line, and are answered
+#: "busy" if no handler of their lane is free by their deadline.
 MAX_HANDLERS = 4
+#: malformed request lines after which a connection is closed (after answering the last one).
+MAX_MALFORMED_LINES = 16
 #: the I/O thread re-reads the clock at least this often while connections are open.
 MAX_WAIT_S = 0.25
 #: while accept() keeps failing (out of file descriptors): pause between tries, warn this often.
 ACCEPT_PAUSE_S = 0.05
 ACCEPT_WARN_EVERY_S = 10.0
 _RECV_BYTES = 65536
+
+
+class Lane(Enum):
+    """Which handler slots a request uses: slow commands cannot take the quick ones."""
+    QUICK = "quick"
+    SLOW = "slow"
 
 
 class Phase(Enum):
@@ -83,6 +98,8 @@ class _Connection:
     close_after: bool = False  # close once the outbox is written
     closed: bool = False
     request: dict | None = None  # while QUEUED
+    lane: Lane = Lane.QUICK  # of the request queued or being handled
+    malformed: int = 0  # malformed lines so far
 
 
 class ControlServer:
@@ -91,17 +108,24 @@ class ControlServer:
     `start()` and `stop()` are idempotent; `stop()` removes the socket file (if it is still the
     one this server created) and drops open connections. `start()` raises AlreadyRunning when
     another live process owns the path. `clock` is injectable so tests can move deadlines.
+
+    `instance`: an InstanceLock the caller already holds and keeps (the daemon holds it for its
+    whole life, socket or not); without one the server takes its own and releases it on stop.
+    `slow`: commands that may wait long (see the module docstring).
     """
 
     def __init__(self, path: str, mode: int, handler: Handler, *,
-                 client_timeout_s: float = 5.0, clock: Clock = time.monotonic) -> None:
+                 client_timeout_s: float = 5.0, clock: Clock = time.monotonic,
+                 instance: InstanceLock | None = None, slow: frozenset[str] = frozenset()) -> None:
         self.path = path
         self.mode = mode
         self.handler = handler
         self.client_timeout_s = client_timeout_s
         self.clock = clock
         self._lock = threading.Lock()
-        self._instance = InstanceLock(path)
+        self._owns_instance = instance is None
+        self._instance = instance or InstanceLock(path)
+        self.slow = slow
         self._listener: socket.socket | None = None
         self._identity: tuple[int, int] | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None
@@ -109,9 +133,9 @@ class ControlServer:
         self._stopping = threading.Event()
         self._replies: queue.SimpleQueue[tuple[_Connection, bytes]] = queue.SimpleQueue()
         self._connections: list[_Connection] = []  # I/O thread only
-        self._in_flight = 0  # I/O thread only
+        self._in_flight = dict.fromkeys(Lane, 0)  # I/O thread only
         self._accept_warned = -ACCEPT_WARN_EVERY_S  # I/O thread only
-        self._queued: collections.deque[_Connection] = collections.deque()  # I/O thread only
+        self._queued = {lane: collections.deque[_Connection]() for lane in Lane}  # I/O thread only
         self._selector: selectors.BaseSelector | None = None
 
     @property
@@ -119,34 +143,37 @@ class ControlServer:
         return self._listener is not None
 
     def start(self) -> None:
-        """Create the parent directory, take the instance lock, replace a stale socket, bind."""
+        """Take the instance lock (creating the directory), replace a stale socket, bind."""
         with self._lock:
             if self._listener is not None:
                 return
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)), mode=0o755, exist_ok=True)
-            self._instance.acquire()
+            self._instance.acquire()  # creates the parent directory
             try:
                 remove_stale_socket(self.path)
                 listener = _bind(self.path, self.mode)
             except BaseException:
-                self._instance.release()
+                if self._owns_instance:
+                    self._instance.release()
                 raise
             info = os.stat(self.path)
             self._identity = (info.st_dev, info.st_ino)
             self._listener = listener
             self._wake = socket.socketpair()
-            self._wake[0].setblocking(False)
+            for end in self._wake:  # a full wake socket must never block a handler or stop()
+                end.setblocking(False)
             self._stopping.clear()
             self._replies = queue.SimpleQueue()
-            self._connections, self._in_flight = [], 0
-            self._queued.clear()
+            self._connections, self._in_flight = [], dict.fromkeys(Lane, 0)
+            for waiting in self._queued.values():
+                waiting.clear()
             self._thread = threading.Thread(target=self._io_loop, args=(listener, self._wake[0]),
                                             name="control-io", daemon=True)
             self._thread.start()
         log.info("control socket listening at %s (mode %o)", self.path, self.mode)
 
     def stop(self) -> None:
-        """Stop serving, close the socket and remove its file, then release the instance lock."""
+        """Stop serving, close the socket and remove its file, then release the instance lock
+        (unless the caller passed it in: then it is the caller's to release)."""
         with self._lock:
             listener, wake, thread = self._listener, self._wake, self._thread
             if listener is None or wake is None or thread is None:
@@ -159,7 +186,8 @@ class ControlServer:
             wake[0].close()
             wake[1].close()
             self._unlink_own_socket()
-            self._instance.release()
+            if self._owns_instance:
+                self._instance.release()
 
     def __enter__(self) -> ControlServer:
         self.start()
@@ -220,7 +248,8 @@ class ControlServer:
                 if events & selectors.EVENT_READ and target.phase is Phase.READING:
                     self._read(target)
                 if events & selectors.EVENT_WRITE and target.phase is Phase.WRITING:
-                    self._write(target)
+                    self._flush(target)
+                    self._next_request(target)
             except OSError as exc:
                 log.debug("control client connection failed: %s", exc)
                 self._close(target)
@@ -279,7 +308,9 @@ class ControlServer:
         self._next_request(conn)
 
     def _next_request(self, conn: _Connection) -> None:
-        """Dispatch the next complete line in the buffer, if any, else keep reading (or close)."""
+        """Dispatch the complete lines in the buffer while their replies go out at once; then
+        keep reading (or close). The only place that dispatches, and nothing it calls comes back
+        here: a thousand pipelined lines are a thousand turns of this loop, not a deep stack."""
         while conn.phase is Phase.READING and not conn.closed:
             newline = conn.buffer.find(b"\n", 0, MAX_REQUEST_BYTES + 1)
             if newline < 0 and len(conn.buffer) > MAX_REQUEST_BYTES or newline > MAX_REQUEST_BYTES:
@@ -302,18 +333,23 @@ class ControlServer:
     def _dispatch(self, conn: _Connection, line: bytes, close: bool) -> None:
         request, error = parse_request(line)
         if request is None:
+            conn.malformed += 1
+            if conn.malformed >= MAX_MALFORMED_LINES:
+                error += f"; {MAX_MALFORMED_LINES} malformed requests, closing the connection"
+                close = True
             self._reply(conn, _error(error), close=close)
             return
         conn.close_after = close
-        if self._in_flight >= MAX_HANDLERS:
+        conn.lane = Lane.SLOW if request["cmd"] in self.slow else Lane.QUICK
+        if self._in_flight[conn.lane] >= MAX_HANDLERS:
             conn.phase, conn.request = Phase.QUEUED, request
             self._watch(conn)
-            self._queued.append(conn)
+            self._queued[conn.lane].append(conn)
             return
         self._start_handler(conn, request)
 
     def _start_handler(self, conn: _Connection, request: dict) -> None:
-        self._in_flight += 1
+        self._in_flight[conn.lane] += 1
         conn.phase = Phase.HANDLING
         self._watch(conn)
         wake = self._wake
@@ -351,14 +387,17 @@ class ControlServer:
                 conn, data = self._replies.get_nowait()
             except queue.Empty:
                 return
-            self._in_flight -= 1
+            lane = conn.lane  # the next request on this connection may take another
+            self._in_flight[lane] -= 1
             if not conn.closed:
                 self._send(conn, data, close=conn.close_after)
-            self._start_queued()
+                self._next_request(conn)
+            self._start_queued(lane)
 
-    def _start_queued(self) -> None:
-        while self._queued and self._in_flight < MAX_HANDLERS:
-            conn = self._queued.popleft()
+    def _start_queued(self, lane: Lane) -> None:
+        waiting = self._queued[lane]
+        while waiting and self._in_flight[lane] < MAX_HANDLERS:
+            conn = waiting.popleft()
             request, conn.request = conn.request, None
             if not conn.closed and conn.phase is Phase.QUEUED and request is not None:
                 self._start_handler(conn, request)
@@ -367,14 +406,16 @@ class ControlServer:
         self._send(conn, encode(reply), close)
 
     def _send(self, conn: _Connection, data: bytes, close: bool) -> None:
+        """Start writing a reply; the caller, not this, goes on to the next request."""
         conn.phase = Phase.WRITING
         conn.outbox = data
         conn.close_after = close
         conn.since = self.clock()
         self._watch(conn)
-        self._write(conn)
+        self._flush(conn)
 
-    def _write(self, conn: _Connection) -> None:
+    def _flush(self, conn: _Connection) -> None:
+        """Write what the socket takes; once the reply is out, close or go back to READING."""
         try:
             sent = conn.sock.send(conn.outbox)
         except BlockingIOError:
@@ -392,7 +433,6 @@ class ControlServer:
         conn.phase = Phase.READING
         conn.since = self.clock()
         self._watch(conn)
-        self._next_request(conn)
 
     def _expire(self) -> None:
         """Apply the per-request deadline: answer a partial request, drop everything else."""
@@ -401,9 +441,10 @@ class ControlServer:
             if conn.phase is Phase.HANDLING or now - conn.since < self.client_timeout_s:
                 continue
             if conn.phase is Phase.QUEUED:
-                self._queued.remove(conn)
+                self._queued[conn.lane].remove(conn)
                 conn.request = None
                 self._reply(conn, _error("server busy, try again"), close=conn.close_after)
+                self._next_request(conn)
             elif conn.phase is Phase.READING and conn.buffer.strip():
                 log.debug("control client did not finish its request in %.1f s", self.client_timeout_s)
                 self._reply(conn, _error(f"request not complete within {self.client_timeout_s:g} s"),
@@ -437,7 +478,7 @@ class ControlServer:
             return
         conn.closed = True
         if conn.phase is Phase.QUEUED:
-            self._queued.remove(conn)
+            self._queued[conn.lane].remove(conn)
         if self._selector is not None:
             try:
                 self._selector.unregister(conn.sock)
