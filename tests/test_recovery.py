@@ -4,9 +4,10 @@ again on a fresh thread while its sibling goes on serving, and nothing is leaked
 Two cards, each exercised the same way on two runtimes: the fake pyACL (its own fault injection:
 `_fake.fail` for error codes, `_fake.hold` for a call that hangs, and its allocation bookkeeping
 for leaks) and the real ONNX Runtime backend (a subclass defined here, so no production code path
-knows about faults). The workers run on an injected clock: hang deadlines and restart backoffs
-pass when the test says so, and waits are for events, not for rates. The daemon tests at the end
-drive `yoloedge run` with two devices, one of which hangs.
+knows about faults). Each worker runs on its own injected clock: hang deadlines and restart
+backoffs pass when the test says so, for that card only (moving a shared clock would also abandon
+a sibling that happens to be mid-call), and waits are for events, not for rates. The daemon tests
+at the end drive `yoloedge run` with two devices, one of which hangs.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from yoloedge.pipeline.batcher import Batcher  # noqa: E402
 from yoloedge.pipeline.intake import CameraIntake  # noqa: E402
 from yoloedge.pipeline.post import PostStage  # noqa: E402
 from yoloedge.pipeline.prepare import Preparer  # noqa: E402
+from yoloedge.pipeline import worker as worker_module  # noqa: E402
 from yoloedge.pipeline.worker import DeviceWorker, RestartPolicy, WorkerState  # noqa: E402
 from yoloedge.preprocess import Resizer  # noqa: E402
 from yoloedge.sources.frame import Frame  # noqa: E402
@@ -57,15 +59,23 @@ def wait_until(predicate, timeout=30.0, what="condition"):
 
 
 class Clock:
-    """The workers' clock: moves only when the test advances it."""
+    """A worker's clock: moves only when the test advances it. `reads` counts the looks at it
+    (the supervisor looks on every round), so a test can wait until it has looked again."""
 
     def __init__(self):
         self._t = 1000.0
         self._lock = threading.Lock()
+        self.reads = 0
 
     def __call__(self) -> float:
         with self._lock:
+            self.reads += 1
             return self._t
+
+    def looked_again(self, times: int = 3) -> None:
+        """Wait until the clock was read `times` more times (the supervisor's rounds)."""
+        start = self.reads
+        wait_until(lambda: self.reads >= start + times, what="the supervisor to look again")
 
     def advance(self, seconds: float) -> None:
         with self._lock:
@@ -78,10 +88,16 @@ class Sink:
     def __init__(self):
         self.items: list[tuple[str, int, str]] = []
         self._lock = threading.Lock()
+        self.keep_from: str | None = None  # post-processing keeps the next output set of this device
+        self.kept: list = []
 
     def __call__(self, meta, dets, output_set):
         with self._lock:
             self.items.append((meta.camera, meta.seq, output_set.worker.worker.worker_name))
+            if self.keep_from == output_set.worker.worker.worker_name:
+                self.keep_from = None
+                self.kept.append(output_set)
+                output_set.release = lambda: None  # never handed back, like a stuck post thread
 
     def __len__(self):
         with self._lock:
@@ -96,15 +112,15 @@ class Rig:
     """Batcher, preparers, two device workers and post-processing, wired as an accelerator group."""
 
     def __init__(self, model: str, factories, max_errors=2):
-        self.clock = Clock()
-        self.tracker = ProgressTracker(clock=self.clock)
+        self.clocks = [Clock() for _ in factories]
+        self.tracker = ProgressTracker(clock=Clock())
         self.batcher = Batcher(timeout_s=0.01)
         self.sink = Sink()
         self.post = PostStage("rig", self.sink, max_threads=2)
         acc = AcceleratorConfig(batch=2, max_consecutive_errors=max_errors, inference_timeout_s=TIMEOUT_S)
         cfg = ModelConfig(path=model, format="v8", labels=["red", "blue"], conf=0.1)
         self.workers = [DeviceWorker(f"rig/{d}", acc, d, cfg, self.batcher, self.post, self.tracker, factory,
-                                     clock=self.clock, restart=POLICY) for d, factory in enumerate(factories)]
+                                     clock=self.clocks[d], restart=POLICY) for d, factory in enumerate(factories)]
         self.post.start()
         for w in self.workers:
             w.start()
@@ -163,6 +179,7 @@ class Rig:
 def exercise(rig: Rig, fail_card1, hang_card1, held_calls, leaks=None) -> None:
     """Errors twice, then a hang, on card 1: card 0 serves throughout, card 1 comes back each time."""
     card0, card1 = rig.workers
+    clock1 = rig.clocks[1]
     rig.feed(5)
     rig.settle("warm")
     baseline = leaks() if leaks else None
@@ -177,7 +194,7 @@ def exercise(rig: Rig, fail_card1, hang_card1, held_calls, leaks=None) -> None:
         rig.feed(10)
         rig.settle("card 0 alone")
         assert sum(1 for *_, d in rig.sink.snapshot() if d == "rig/0") == served_by_0 + 20
-        rig.clock.advance(POLICY.max_delay_s)
+        clock1.advance(POLICY.max_delay_s)
         wait_until(lambda n=restart: card1.state is WorkerState.RUNNING and card1.restarts == n,
                    what=f"card 1 open again ({restart})")
         if leaks:
@@ -186,13 +203,13 @@ def exercise(rig: Rig, fail_card1, hang_card1, held_calls, leaks=None) -> None:
     hold = hang_card1()
     rig.feed_until(hold.is_set, "card 1's call hangs")
     before = card1.frames_lost
-    rig.clock.advance(TIMEOUT_S + 0.5)
+    clock1.advance(TIMEOUT_S + 0.5)
     wait_until(lambda: card1.state is WorkerState.BACKOFF, what="the hung call abandoned")
     assert card1.hung_calls == 1 and card1.frames_lost > before, "the hung batch is given up, not waited for"
     assert "running for" in (card1.last_error or "")
     rig.feed(10)
     rig.settle("card 0 serves while card 1 hangs")
-    rig.clock.advance(POLICY.max_delay_s)
+    clock1.advance(POLICY.max_delay_s)
     wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 3, what="card 1 open again (3)")
     assert card1.hung_calls == 1, "the hung call still runs on its abandoned thread"
     served_by_1 = sum(1 for *_, d in rig.sink.snapshot() if d == "rig/1")
@@ -200,6 +217,7 @@ def exercise(rig: Rig, fail_card1, hang_card1, held_calls, leaks=None) -> None:
                    "card 1 serves again")
     held_calls()  # the hung call returns: its late results are discarded, its device released
     wait_until(lambda: card1.hung_calls == 0, what="the abandoned thread released its device")
+    assert card1.leaked_openings == 0
     rig.settle("after the hang")
     if leaks:
         assert leaks() == baseline, "the abandoned incarnation leaked"
@@ -273,10 +291,11 @@ def test_the_only_fake_card_restarts_without_finalising_pyacl(fake_acl, tiny_om)
         rig.feed_until(lambda: card.state is WorkerState.BACKOFF, "the card gives up")
         # No card left: frames wait in the cameras' bounded queues (lossless here), nothing else.
         assert rig.batcher.pending() <= 8 * len(CAMERAS)
-        rig.clock.advance(POLICY.max_delay_s)  # the first reopening fails (at its warm-up)
-        wait_until(lambda: card.state is WorkerState.BACKOFF and card.next_retry_mono > rig.clock(),
+        clock = rig.clocks[0]
+        clock.advance(POLICY.max_delay_s)  # the first reopening fails (at its warm-up)
+        wait_until(lambda: card.state is WorkerState.BACKOFF and card.next_retry_mono > clock(),
                    what="the failed reopening rescheduled")
-        rig.clock.advance(POLICY.max_delay_s)
+        clock.advance(POLICY.max_delay_s)
         wait_until(lambda: card.state is WorkerState.RUNNING, what="the card open again")
         assert card.restarts == 1 and _fake.leaks() == baseline
         assert _fake.STATE.init_count == 1 and _fake.STATE.finalize_count == 0
@@ -295,6 +314,12 @@ class Faults:
     def __init__(self):
         self.fail_left: dict[int, int] = {}
         self.gates: dict[int, tuple[threading.Event, threading.Event]] = {}  # entered, released
+        self.open_gates: dict[int, tuple[threading.Event, threading.Event]] = {}  # the same for `open`
+
+    def slow_open(self, device: int) -> tuple[threading.Event, threading.Event]:
+        """The next opening of `device` waits until released: (entered, release)."""
+        gate = self.open_gates[device] = (threading.Event(), threading.Event())
+        return gate
 
     def hang(self, device: int) -> threading.Event:
         entered = threading.Event()
@@ -315,6 +340,18 @@ class FaultyOrt(OnnxRuntimeBackend):
     def __init__(self, path: str, device: int, faults: Faults):
         super().__init__(path)
         self.device, self.faults = device, faults
+        self.closed = False
+
+    def open(self, *args, **kwargs):
+        gate = self.faults.open_gates.pop(self.device, None)
+        if gate is not None:
+            gate[0].set()
+            gate[1].wait(60)
+        return super().open(*args, **kwargs)
+
+    def close(self):
+        self.closed = True
+        super().close()
 
     def run(self, n, input_set=0, output_set=0):
         gate = self.faults.take(self.device)
@@ -348,26 +385,194 @@ def test_restart_backoff_doubles_and_a_failed_reopen_is_retried(tmp_path):
     model = make_dynamic_batch_v8_model(str(tmp_path / "m.onnx"), size=SIZE, nc=2)
     faults = Faults()
     rig = Rig(model, [lambda d=d: FaultyOrt(model, d, faults) for d in (0, 1)])
-    card1 = rig.workers[1]
+    card1, clock = rig.workers[1], rig.clocks[1]
     try:
         faults.fail_left[1] = 2 + 3  # two in service, then the warm-up of three reopenings
         rig.feed_until(lambda: card1.state is WorkerState.BACKOFF, "card 1 gives up")
         delays = []
         for _ in range(3):
-            delays.append(round(card1.next_retry_mono - rig.clock(), 3))
-            rig.clock.advance(delays[-1])
-            wait_until(lambda: card1.state is WorkerState.BACKOFF and card1.next_retry_mono > rig.clock(),
+            delays.append(round(card1.next_retry_mono - clock(), 3))
+            clock.advance(delays[-1])
+            wait_until(lambda: card1.state is WorkerState.BACKOFF and card1.next_retry_mono > clock(),
                        what="the reopening failed and is scheduled again")
             assert "injected device error" in card1.last_error
-        delays.append(round(card1.next_retry_mono - rig.clock(), 3))
+        delays.append(round(card1.next_retry_mono - clock(), 3))
         assert delays == [1.0, 2.0, 4.0, 4.0]
-        rig.clock.advance(4.0)
+        clock.advance(4.0)
         wait_until(lambda: card1.state is WorkerState.RUNNING, what="card 1 open again")
         assert card1.restarts == 1
         rig.feed(4)
         rig.settle("after the reopening")
     finally:
         rig.stop()
+
+
+def ort_rig(tmp_path, faults, factories=None):
+    model = make_dynamic_batch_v8_model(str(tmp_path / "m.onnx"), size=SIZE, nc=2)
+    return Rig(model, factories or [lambda d=d: FaultyOrt(model, d, faults) for d in (0, 1)]), model
+
+
+def test_a_reopening_slower_than_the_inference_deadline_is_waited_for(tmp_path):
+    """Loading, allocating and warming up may take far longer than an inference (a TensorRT
+    engine, a big .om file): a reopening is abandoned only past the open deadline."""
+    faults = Faults()
+    rig, _ = ort_rig(tmp_path, faults)
+    card1, clock = rig.workers[1], rig.clocks[1]
+    entered, release = faults.slow_open(1)
+    try:
+        assert card1.open_deadline_s == worker_module.OPEN_DEADLINE_MIN_S > TIMEOUT_S
+        faults.fail_left[1] = 2
+        rig.feed_until(lambda: card1.state is WorkerState.BACKOFF, "card 1 gives up")
+        clock.advance(POLICY.max_delay_s)
+        assert entered.wait(30), "card 1 is reopened"
+        clock.advance(3 * TIMEOUT_S)  # a slow load, far past the inference deadline
+        clock.looked_again()
+        assert card1.state is WorkerState.RESTARTING and card1.hung_calls == 0, card1.last_error
+        release.set()
+        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 1, what="card 1 open again")
+
+        faults.fail_left[1] = 2  # once more, and this time the opening never ends
+        entered, release = faults.slow_open(1)
+        rig.feed_until(lambda: card1.state is WorkerState.BACKOFF, "card 1 gives up again")
+        clock.advance(POLICY.max_delay_s)
+        assert entered.wait(30)
+        clock.advance(card1.open_deadline_s + 1)
+        wait_until(lambda: card1.state is WorkerState.BACKOFF, what="the stuck opening abandoned")
+        assert "reopening of the device running for" in card1.last_error and card1.hung_calls == 1
+        release.set()
+        wait_until(lambda: card1.hung_calls == 0, what="the abandoned opening released its device")
+        clock.advance(POLICY.max_delay_s)
+        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 2, what="card 1 open again")
+        rig.feed(4)
+        rig.settle("served again")
+    finally:
+        release.set()
+        rig.stop()
+
+
+def test_a_device_thread_that_dies_is_a_failure_not_a_running_device(tmp_path, monkeypatch):
+    """An unexpected exception on the device thread (here: post-processing cannot start a thread)
+    must not leave a dead device reported running, feeding the watchdog, holding a ticket."""
+    monkeypatch.setattr(worker_module, "OUTPUT_WAIT_S", 0.2)
+    faults = Faults()
+    rig, _ = ort_rig(tmp_path, faults)
+    card1, clock = rig.workers[1], rig.clocks[1]
+    submit, failed = rig.post.submit, threading.Event()
+
+    def flaky_submit(output_set):
+        if output_set.worker.worker is card1 and not failed.is_set():
+            failed.set()
+            raise RuntimeError("can't start new thread")
+        submit(output_set)
+
+    monkeypatch.setattr(rig.post, "submit", flaky_submit)
+    try:
+        rig.feed_until(lambda: card1.state is WorkerState.BACKOFF, "card 1's thread fails")
+        assert "can't start new thread" in card1.last_error
+        assert [p.source for p in rig.tracker.check()] == ["rig/1"] and rig.tracker.making_progress()
+        rig.settle("publishing does not wait for the lost batch")
+        assert card1.frames_lost > 0
+        clock.advance(POLICY.max_delay_s)
+        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 1, what="card 1 open again")
+        assert rig.tracker.check() == []
+        rig.feed(4)
+        rig.settle("served again")
+    finally:
+        rig.stop()
+
+
+def test_start_up_never_waits_for_a_device_thread_that_failed(tmp_path, monkeypatch):
+    model = make_dynamic_batch_v8_model(str(tmp_path / "m.onnx"), size=SIZE, nc=2)
+    batcher = Batcher(timeout_s=0.01)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no room for the buffers")
+
+    monkeypatch.setattr(batcher, "add_buffers", refuse)
+    post = PostStage("solo", Sink())
+    acc = AcceleratorConfig(batch=2, inference_timeout_s=TIMEOUT_S)
+    cfg = ModelConfig(path=model, format="v8", labels=["red", "blue"], conf=0.1)
+    worker = DeviceWorker("solo/0", acc, 0, cfg, batcher, post, ProgressTracker(clock=Clock()),
+                          lambda: OnnxRuntimeBackend(model), clock=Clock(), restart=POLICY)
+    post.start()
+    worker.start()
+    try:
+        assert worker.ready.wait(30), "start-up waits forever"
+        assert worker.state is WorkerState.FAILED and "no room for the buffers" in worker.startup_error
+    finally:
+        worker.stop()
+        worker.join(30)
+        assert not worker.is_alive()
+        post.stop(10)
+
+
+def test_status_does_not_wait_for_a_backend_being_constructed(tmp_path):
+    """Building the next opening's backend may take long; status (and so `yoloedge-ctl status`)
+    must answer meanwhile."""
+    faults = Faults()
+    model = make_dynamic_batch_v8_model(str(tmp_path / "m.onnx"), size=SIZE, nc=2)
+    building, proceed = threading.Event(), threading.Event()
+    made = []
+
+    def card1_backend():
+        if made:  # the spare for the next opening
+            building.set()
+            proceed.wait(60)
+        made.append(FaultyOrt(model, 1, faults))
+        return made[-1]
+
+    rig = Rig(model, [lambda: FaultyOrt(model, 0, faults), card1_backend])
+    card1 = rig.workers[1]
+    try:
+        faults.fail_left[1] = 2
+        rig.feed_until(building.is_set, "card 1 gives up and prepares its next backend")
+        answers = []
+        asking = threading.Thread(target=lambda: answers.append(card1.status()), daemon=True)
+        asking.start()
+        asking.join(10)
+        assert answers, "status waited for the backend being built"
+        proceed.set()
+        wait_until(lambda: card1.state is WorkerState.BACKOFF, what="card 1 let go")
+        rig.clocks[1].advance(POLICY.max_delay_s)
+        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 1, what="card 1 open again")
+        assert card1.loaded.backend is made[1], "the reopening uses the backend prepared for it"
+    finally:
+        proceed.set()
+        rig.stop()
+
+
+def test_device_memory_that_post_processing_still_holds_is_never_freed(tmp_path, monkeypatch):
+    """Outputs may be views on device memory: a failed card whose output set is not handed back in
+    time keeps its memory (counted), instead of freeing what post-processing may still read."""
+    monkeypatch.setattr(worker_module, "OUTPUT_WAIT_S", 0.2)
+    faults = Faults()
+    rig, _ = ort_rig(tmp_path, faults)
+    card1, clock = rig.workers[1], rig.clocks[1]
+    first = card1.loaded.backend
+    try:
+        rig.sink.keep_from = "rig/1"
+        rig.feed_until(lambda: rig.sink.kept, "post-processing keeps an output set of card 1")
+        faults.fail_left[1] = 2
+        rig.feed_until(lambda: card1.state is WorkerState.BACKOFF, "card 1 gives up")
+        wait_until(lambda: card1.leaked_openings == 1, what="card 1's first opening left allocated")
+        assert not first.closed, "device memory freed while post-processing holds it"
+        assert card1.status()["leaked_openings"] == 1
+        clock.advance(POLICY.max_delay_s)
+        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 1, what="card 1 open again")
+        rig.feed(4)
+        rig.settle("served again")
+    finally:
+        rig.stop()
+
+
+def test_no_device_is_opened_once_the_worker_is_stopped(tmp_path):
+    faults = Faults()
+    rig, _ = ort_rig(tmp_path, faults)
+    card1 = rig.workers[1]
+    rig.stop()
+    generation = card1._generation
+    card1._spawn()  # a restart that was due just as stop() came
+    assert card1._generation == generation and card1.state is WorkerState.STOPPED
 
 
 # -- the watchdog rule -----------------------------------------------------------------------------

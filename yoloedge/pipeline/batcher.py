@@ -46,7 +46,8 @@ from .intake import Resized
 from .queues import FrameQueue
 from .slots import BatchBuffer
 
-#: how long `remove_buffers` waits for preparers still writing into a leaving device's buffers
+#: how long `remove_buffers` waits for preparers still writing into a leaving device's buffers;
+#: a buffer still not written after it is returned unready, and its device memory is never freed
 FILL_WAIT_S = 5.0
 
 

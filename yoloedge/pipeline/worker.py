@@ -27,6 +27,17 @@ are never touched. At most `max_hung` abandoned calls per device are left runnin
 worker waits for one to return before it opens the device again, so a card that hangs on every
 call cannot pile up threads and device memory.
 
+Opening a device (load, allocate, warm up) is not under the inference deadline: a TensorRT engine,
+a cold CUDA session or a big .om file can take far longer than any inference. The first opening
+has no deadline at all (start-up waits for it, and a card that never opens keeps the daemon from
+becoming ready, which systemd sees); a reopening is abandoned like a hung call only after
+`open_deadline_s`: three times what the first opening took, at least a minute.
+
+Device memory that something may still read or write is never freed: if post-processing does not
+hand back an output set (Ascend outputs are views on device memory) or a preparer does not finish
+writing an input slot within a bound, the leaving incarnation keeps its device open, knowingly
+leaked, counted in `leaked_openings` and logged.
+
 The next opening's backend is constructed (which touches no device) before the current one is
 released: a runtime shared by the whole process and finalised when its last user leaves (pyACL,
 which can be initialised only once per process) must stay initialised across the restart of a
@@ -44,6 +55,7 @@ from enum import Enum
 from typing import Callable
 
 from ..backends.base import Backend
+from ..backoff import Backoff
 from ..config.model import ModelConfig
 from ..config.schema import AcceleratorConfig
 from ..detector import Detector
@@ -57,6 +69,11 @@ log = logging.getLogger(__name__)
 
 #: how often the supervisor looks for a hung call or a due restart (real time; deadlines use the clock)
 SUPERVISE_EVERY_S = 0.05
+#: a reopening may take OPEN_DEADLINE_FACTOR times the first opening, and at least OPEN_DEADLINE_MIN_S
+OPEN_DEADLINE_FACTOR = 3.0
+OPEN_DEADLINE_MIN_S = 60.0
+#: how long a leaving device waits (real time) for post-processing to hand back its output sets
+OUTPUT_WAIT_S = 10.0
 
 
 class WorkerState(str, Enum):
@@ -83,6 +100,14 @@ class RestartPolicy:
     healthy_reset_s: float = 60.0
     max_hung: int = 2  # abandoned calls left running per device before restarts wait for one
 
+    def backoff(self) -> Backoff:
+        return Backoff(self.first_delay_s, self.max_delay_s, reset_after_s=self.healthy_reset_s)
+
+
+def _error_backoff() -> Backoff:
+    """Between failed inferences of a device that has not given up yet (see `_inference_failed`)."""
+    return Backoff(0.2, 5.0)
+
 
 class Incarnation:
     """One life of a device worker: the thread that opened the backend and everything it owns.
@@ -98,6 +123,7 @@ class Incarnation:
                                        daemon=True)
         self.detector: Detector | None = None
         self.free_outputs: queue.SimpleQueue[OutputSet] = queue.SimpleQueue()
+        self.outputs_back = threading.Condition()  # notified whenever an output set comes back
         self.output_sets = 0
         self.open_error: str | None = None  # opening the device failed
         self.failure: str | None = None  # it served, then gave up (too many failures in a row)
@@ -105,7 +131,9 @@ class Incarnation:
         self.busy_since: float | None = None  # a device call (open or run) started then
         self.running: BatchBuffer | None = None  # the batch on the device
         self.stop = threading.Event()
-        self.done = threading.Event()  # it released its device; its thread ends
+        self.buffers_out = threading.Event()  # its input sets left the batcher: no preparer writes them
+        self.keep_open: str | None = None  # why its device memory must not be freed (see `_leak`)
+        self.done = threading.Event()  # its thread ends: the device is released (or knowingly leaked)
 
     @property
     def loaded(self) -> Detector:
@@ -118,7 +146,9 @@ class Incarnation:
         return self.running is not None
 
     def release_output_set(self, output_set: OutputSet) -> None:
-        self.free_outputs.put(output_set)
+        with self.outputs_back:
+            self.free_outputs.put(output_set)
+            self.outputs_back.notify_all()
 
 
 class DeviceWorker:
@@ -146,9 +176,11 @@ class DeviceWorker:
         self._wake = threading.Event()
         self._lock = threading.Lock()  # state, the current incarnation, abandonment
         self._current: Incarnation | None = None
-        self._hung: list[Incarnation] = []
+        self._hung: list[Incarnation] = []  # abandoned incarnations whose call has not returned yet
         self._generation = 0
-        self._delay = restart.first_delay_s
+        self._backoff = restart.backoff()
+        self._error_backoff = _error_backoff()
+        self._first_open_s: float | None = None  # how long the first opening took (on the clock)
         self._running_since: float | None = None
         self._last_detector: Detector | None = None
         self._spare: Backend | None = None  # the next opening's backend (see the module docstring)
@@ -165,6 +197,7 @@ class DeviceWorker:
         self.errors = 0
         self.consecutive_errors = 0
         self.frames_lost = 0
+        self.leaked_openings = 0  # incarnations left open because their memory might still be in use
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -210,11 +243,19 @@ class DeviceWorker:
 
     @property
     def hung_calls(self) -> int:
-        with self._lock:
-            return sum(1 for inc in self._hung if not inc.done.is_set())
+        """Abandoned calls still running (no lock: status must never wait for the supervisor)."""
+        return len(self._hung)
+
+    @property
+    def open_deadline_s(self) -> float:
+        """How long a reopening may take before it is abandoned (see the module docstring)."""
+        first = self._first_open_s
+        return max(OPEN_DEADLINE_MIN_S, OPEN_DEADLINE_FACTOR * (first or 0.0))
 
     def _spawn(self) -> None:
         with self._lock:
+            if self._stop_event.is_set():  # stop() came between the supervisor's check and now
+                return
             self._generation += 1
             inc = Incarnation(self, self._generation)
             self._current = inc
@@ -246,10 +287,17 @@ class DeviceWorker:
         with self._lock:
             if self._spare is not None or self._stop_event.is_set():
                 return
-            try:
-                self._spare = self._backend_factory()
-            except Exception:  # noqa: BLE001 - the next opening constructs it (and reports why not)
-                log.exception("%s: cannot prepare the backend for the next opening", self.worker_name)
+        try:  # outside the lock: constructing a backend may take a while, status must not wait
+            spare = self._backend_factory()
+        except Exception:  # noqa: BLE001 - the next opening constructs it (and reports why not)
+            log.exception("%s: cannot prepare the backend for the next opening", self.worker_name)
+            return
+        with self._lock:
+            kept = self._spare is None and not self._stop_event.is_set()
+            if kept:
+                self._spare = spare
+        if not kept:  # someone else reserved one, or we are stopping
+            self._close_spare(spare)
 
     def _take_spare(self) -> Backend:
         with self._lock:
@@ -260,83 +308,127 @@ class DeviceWorker:
         with self._lock:
             spare, self._spare = self._spare, None
         if spare is not None:
-            try:
-                spare.close()  # never opened: releases only its claim on the runtime
-            except Exception:  # noqa: BLE001 - logged; stopping goes on
-                log.exception("%s: error while discarding the unused backend", self.worker_name)
+            self._close_spare(spare)
+
+    def _close_spare(self, spare: Backend) -> None:
+        try:
+            spare.close()  # never opened: releases only its claim on the runtime
+        except Exception:  # noqa: BLE001 - logged; stopping goes on
+            log.exception("%s: error while discarding the unused backend", self.worker_name)
 
     def _tick(self, now: float) -> None:
-        """One look at the device: hung, given up, due for a restart, or healthy long enough."""
+        """One look at the device: hung, gone, or due for a restart. Under the lock it only decides
+        and changes state; the batcher, the tracker and the log are called after it, so status()
+        never waits for them."""
+        abandoned: tuple[Incarnation, BatchBuffer | None, str] | None = None
+        ended: str | None = None
+        delay: float | None = None
         spawn = False
         with self._lock:
             inc = self._current
-            if inc is not None and inc.busy_since is not None and self.state is not WorkerState.STARTING:
+            if inc is not None and inc.busy_since is not None:
+                call, deadline = self._call_deadline()
                 running = now - inc.busy_since
-                if running > self.accelerator.inference_timeout_s:
-                    self._abandon(inc, f"inference running for {running:.1f} s "
-                                       f"(deadline {self.accelerator.inference_timeout_s:g} s)", now)
-            elif inc is not None and inc.done.is_set() and self.state is not WorkerState.STARTING:
-                reason = inc.failure or inc.open_error
+                if deadline is not None and running > deadline:
+                    hang = f"{call} running for {running:.1f} s (deadline {deadline:g} s)"
+                    inc.abandoned = True
+                    inc.stop.set()
+                    self._hung.append(inc)
+                    abandoned = (inc, inc.running, hang)
+                    delay = self._retry_later(hang, now)
+            elif inc is not None and inc.done.is_set() and self.state is not WorkerState.FAILED:
+                if inc.failure is None and inc.open_error is None and not inc.stop.is_set():
+                    ended = "the device thread ended unexpectedly"
+                reason = inc.failure or inc.open_error or ended
                 if reason is not None:
-                    self._retry_later(reason, now)
+                    delay = self._retry_later(reason, now)
             elif self.state is WorkerState.BACKOFF and self.next_retry_mono is not None:
-                live_hung = sum(1 for h in self._hung if not h.done.is_set())
-                spawn = now >= self.next_retry_mono and live_hung < self.restart.max_hung
-            elif (self.state is WorkerState.RUNNING and self._running_since is not None
-                  and now - self._running_since >= self.restart.healthy_reset_s):
-                self._delay = self.restart.first_delay_s
-                self._running_since = None
+                spawn = now >= self.next_retry_mono and len(self._hung) < self.restart.max_hung
+        if abandoned is not None:
+            self._let_go(*abandoned)
+        if ended is not None:
+            log.error("%s: %s", self.worker_name, ended, extra={"device": self.worker_name})
+            self.tracker.abandoned(self.worker_name, ended)
+            self.batcher.set_down(self.worker_name, True)
+        if delay is not None:
+            log.warning("%s: opening the device again in %.1f s", self.worker_name, delay,
+                        extra={"device": self.worker_name})
         if spawn:
             self._spawn()
 
-    def _abandon(self, inc: Incarnation, reason: str, now: float) -> None:
-        """The call hangs: let this life go without waiting for it (callers hold the lock)."""
-        inc.abandoned = True
-        inc.stop.set()
-        self._hung.append(inc)
-        log.error("%s: %s; abandoning the call and restarting the device", self.worker_name, reason,
-                  extra={"device": self.worker_name})
-        self.tracker.abandoned(self.worker_name, reason)
-        self.batcher.set_down(self.worker_name, True)
-        if inc.running is not None:
-            self._give_up(inc.running, "the device call hung")
-        for lost in self.batcher.remove_buffers(inc.owner):
-            self._give_up(lost, "the device hung")
-        self._retry_later(reason, now)
+    def _call_deadline(self) -> tuple[str, float | None]:
+        """The device call running now and how long it may run (callers hold the lock)."""
+        if self.state is WorkerState.STARTING:
+            return "first opening of the device", None  # start-up waits for it, see the module docstring
+        if self.state is WorkerState.RESTARTING:
+            return "reopening of the device", self.open_deadline_s
+        return "inference", self.accelerator.inference_timeout_s
 
-    def _retry_later(self, reason: str, now: float) -> None:
-        """Back off, then open the device again (callers hold the lock)."""
+    def _let_go(self, inc: Incarnation, running: BatchBuffer | None, reason: str) -> None:
+        """The call hangs: take this life's buffers out without waiting for the call (supervisor
+        thread, no lock held). The abandoned thread frees its device itself once its call returns,
+        but not before its buffers are out of the batcher."""
+        try:
+            log.error("%s: %s; abandoning the call and restarting the device", self.worker_name, reason,
+                      extra={"device": self.worker_name})
+            self.tracker.abandoned(self.worker_name, reason)
+            self.batcher.set_down(self.worker_name, True)
+            if running is not None:
+                self._give_up(running, "the device call hung")
+            self._remove_buffers(inc, "the device hung")
+        finally:
+            inc.buffers_out.set()
+
+    def _retry_later(self, reason: str, now: float) -> float:
+        """Back off, then open the device again (callers hold the lock); returns the delay."""
+        healthy_for = None if self._running_since is None else now - self._running_since
+        delay = self._backoff.next_delay(healthy_for)
         self._current = None
         self.state = WorkerState.BACKOFF
         self.last_error = reason
         self._running_since = None
-        self.next_retry_mono = now + self._delay
-        log.warning("%s: opening the device again in %.1f s", self.worker_name, self._delay,
-                    extra={"device": self.worker_name})
-        self._delay = min(self.restart.max_delay_s, self._delay * 2)
+        self.next_retry_mono = now + delay
+        return delay
 
     # -- one incarnation's thread ------------------------------------------------------------
     def _live(self, inc: Incarnation) -> None:
+        """The whole life of one incarnation. Whatever happens on it, the device is left (or
+        knowingly leaked), `done` and `ready` are set and the supervisor is told why."""
         try:
-            self._open(inc)
-        except Exception as exc:  # noqa: BLE001 - any start-up failure is reported, not raised
-            self._open_failed(inc, f"{type(exc).__name__}: {exc}")
-            self._close_device(inc)
-            return
-        if not self._serve_from(inc):
-            return
-        try:
-            while not inc.stop.is_set():
+            serving = False
+            try:
+                self._open(inc)
+                serving = self._serve_from(inc)
+            except Exception as exc:  # noqa: BLE001 - any start-up failure is reported, not raised
+                self._open_failed(inc, f"{type(exc).__name__}: {exc}")
+            while serving and not inc.stop.is_set():
                 buffer = self.batcher.next_batch(inc.owner, inc.stop)
                 if buffer is not None:
                     self._process(inc, buffer)
+        except Exception as exc:  # noqa: BLE001 - a bug or a host failure: the device is restarted
+            self._thread_failed(inc, exc)
         finally:
-            self._leave(inc)
+            self.ready.set()  # start-up never waits for a thread that is gone
+            try:
+                self._leave(inc)
+            finally:
+                self._finish(inc)
+
+    def _thread_failed(self, inc: Incarnation, exc: Exception) -> None:
+        reason = f"the device thread failed: {type(exc).__name__}: {exc}"
+        log.error("%s: %s", self.worker_name, reason, exc_info=exc, extra={"device": self.worker_name})
+        with self._lock:
+            inc.running = inc.busy_since = None
+            inc.failure = reason
+            inc.stop.set()
+            owned = not inc.abandoned
+        if owned:
+            self.tracker.abandoned(self.worker_name, reason)  # not busy any more, and unhealthy
 
     def _open(self, inc: Incarnation) -> None:
         acc = self.accelerator
         with self._lock:
-            inc.busy_since = self._clock()  # load, allocate and warm up under the call deadline
+            started = inc.busy_since = self._clock()  # under the open deadline, see _call_deadline
         backend = self._take_spare()
         if inc.generation > 1:
             self._reserve_spare()  # this opening may fail and release the runtime
@@ -347,6 +439,8 @@ class DeviceWorker:
         inc.output_sets = sets
         for index in range(sets):
             inc.free_outputs.put(OutputSet(inc, index, inc.detector.max_batch))
+        if inc.generation == 1:
+            self._first_open_s = max(0.0, self._clock() - started)
         log.info("%s ready: %s, batch %d, %d input and %d output buffers", self.worker_name,
                  backend.description, inc.detector.max_batch, acc.input_buffers, sets,
                  extra={"device": self.worker_name})
@@ -360,7 +454,6 @@ class DeviceWorker:
                 self.state = WorkerState.FAILED
         if inc.generation == 1:
             log.error("%s: cannot start: %s", self.worker_name, error, extra={"device": self.worker_name})
-            self.ready.set()
         elif not inc.abandoned:
             log.error("%s: cannot open the device again: %s", self.worker_name, error,
                       extra={"device": self.worker_name})
@@ -372,50 +465,73 @@ class DeviceWorker:
             inc.busy_since = None
             current = not inc.abandoned and not inc.stop.is_set()
             if current:
-                detector = inc.loaded
-                self.batcher.add_buffers(inc.owner, list(detector.backend.input_buffers),
-                                         device=self.worker_name)
-                self.batcher.set_down(self.worker_name, False)
-                self._last_detector = detector
+                self._last_detector = inc.loaded
                 self.state = WorkerState.RUNNING
                 self._running_since = self._clock()
-                if inc.generation > 1:
+                restarted = inc.generation > 1
+                if restarted:
                     self.restarts += 1
                     self.consecutive_errors = 0
-                    self.tracker.mark_healthy(self.worker_name)
-                    log.warning("%s: device open again (restart %d)", self.worker_name, self.restarts,
-                                extra={"device": self.worker_name})
+                    self._error_backoff.reset()
+        if current:
+            self.batcher.add_buffers(inc.owner, list(inc.loaded.backend.input_buffers), device=self.worker_name)
+            self.batcher.set_down(self.worker_name, False)
+            if restarted:
+                self.tracker.mark_healthy(self.worker_name)
+                log.warning("%s: device open again (restart %d)", self.worker_name, self.restarts,
+                            extra={"device": self.worker_name})
         self.ready.set()
-        if not current:
-            self._leave(inc)
         return current
 
     def _leave(self, inc: Incarnation) -> None:
         """Give back the buffers, wait for post-processing to return the output sets, release the
-        device (on this thread), and tell the supervisor."""
-        with self._lock:
-            owned = not inc.abandoned
-            if owned and inc.failure is not None:
+        device (on this thread) unless its memory may still be in use."""
+        if inc.abandoned:
+            inc.buffers_out.wait()  # the supervisor takes them out (bounded by the batcher's wait)
+        else:
+            if inc.failure is not None:
                 self.batcher.set_down(self.worker_name, True)
-        if owned:
-            for lost in self.batcher.remove_buffers(inc.owner):
-                self._give_up(lost, "the device failed" if inc.failure is not None else "the device stopped")
+            self._remove_buffers(inc, "the device failed" if inc.failure is not None else "the device stopped")
+            inc.buffers_out.set()
         if inc.failure is not None or inc.abandoned:
             self._await_output_sets(inc)
         if inc.failure is not None:
             self._reserve_spare()
-        self._close_device(inc)
+        if inc.keep_open is not None:
+            self._leak(inc)
+        else:
+            self._close_device(inc)
+
+    def _remove_buffers(self, inc: Incarnation, reason: str) -> None:
+        """Take this life's input sets out of the batcher, giving up the frames they held. One that
+        a preparer still writes after the batcher's wait keeps the device open (see `_leak`)."""
+        lost = self.batcher.remove_buffers(inc.owner)
+        for buffer in lost:
+            self._give_up(buffer, reason)
+        if any(not b.ready for b in lost):
+            inc.keep_open = "a preparer is still writing into its input buffers"
 
     def _await_output_sets(self, inc: Incarnation) -> None:
-        """Post-processing may still read outputs in this device's memory: wait (bounded) before
-        freeing it."""
-        deadline = time.monotonic() + max(10.0, self.accelerator.inference_timeout_s)
-        while inc.free_outputs.qsize() < inc.output_sets and not self.post.stopped:
-            if time.monotonic() > deadline:
-                log.error("%s: post-processing still holds output sets; releasing the device anyway",
-                          self.worker_name, extra={"device": self.worker_name})
-                return
-            time.sleep(0.01)
+        """Post-processing may still read outputs in this device's memory: wait (bounded) for it to
+        hand every output set back; if it does not, the device is not released."""
+        deadline = time.monotonic() + OUTPUT_WAIT_S
+        with inc.outputs_back:
+            while inc.free_outputs.qsize() < inc.output_sets and not self.post.stopped:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    inc.keep_open = "post-processing still holds its output sets"
+                    return
+                # woken by every returned set; the slice only notices a post stage that stopped
+                inc.outputs_back.wait(min(remaining, 0.5))
+
+    def _leak(self, inc: Incarnation) -> None:
+        """Keep this life's device memory allocated for good: freeing it while something may still
+        read or write it would be a use-after-free. Costs one opening's memory; counted and logged."""
+        with self._lock:
+            self.leaked_openings += 1
+            count = self.leaked_openings
+        log.error("%s: %s; its device memory is left allocated (%d opening(s) leaked so far)",
+                  self.worker_name, inc.keep_open, count, extra={"device": self.worker_name})
 
     def _close_device(self, inc: Incarnation) -> None:
         if inc.detector is not None:
@@ -423,6 +539,12 @@ class DeviceWorker:
                 inc.detector.close()
             except Exception:  # noqa: BLE001 - teardown continues; the failure is logged
                 log.exception("%s: error while releasing the device", self.worker_name)
+
+    def _finish(self, inc: Incarnation) -> None:
+        """This life's thread ends: it no longer counts as a hung call; the supervisor looks."""
+        with self._lock:
+            if inc in self._hung:
+                self._hung.remove(inc)
         inc.done.set()
         self._wake.set()
 
@@ -445,32 +567,40 @@ class DeviceWorker:
             with self._lock:
                 inc.running = inc.busy_since = None
                 if inc.abandoned:  # its ticket and frames were given up already
-                    inc.free_outputs.put(output_set)
+                    inc.release_output_set(output_set)
                     return
-                self._give_up(buffer, None)
+            self._give_up(buffer, None)
             self.batcher.release(buffer)
-            inc.free_outputs.put(output_set)
+            inc.release_output_set(output_set)
             self._inference_failed(inc, exc, n)
             return
         with self._lock:
             finished = self._clock()
             inc.running = inc.busy_since = None
             if inc.abandoned:  # too late: the batch was given up when the call was abandoned
-                inc.free_outputs.put(output_set)
+                inc.release_output_set(output_set)
                 return
-            self.tracker.idle(self.worker_name)
+        self.tracker.idle(self.worker_name)
         # The frames' details move on with the outputs; the input set is refilled at once.
         output_set.metas, buffer.metas = buffer.metas, output_set.metas
         output_set.outputs, output_set.count, output_set.ticket = outputs, n, buffer.ticket
         output_set.started_mono, output_set.inferred_mono = started, finished
         self.batcher.release(buffer)
-        self.post.submit(output_set)
+        try:
+            self.post.submit(output_set)
+        except Exception:
+            # Post-processing may or may not hold the set now: it is not reused (the device is
+            # left, see `_await_output_sets`), and its ticket is given up so publishing goes on.
+            self.frames_lost += sum(1 for m in output_set.metas[:n] if m.valid)
+            self.post.skip(output_set.ticket)
+            raise
         self._count_success(n, finished - started)
 
     def _count_success(self, n: int, seconds: float) -> None:
         if self.consecutive_errors:
             self.tracker.mark_healthy(self.worker_name)
             self.consecutive_errors = 0
+            self._error_backoff.reset()
         self.busy.mark(seconds)
         self.infer_ms.add(seconds * 1000)
         self.batch_sizes.add(n)
@@ -501,7 +631,7 @@ class DeviceWorker:
             inc.stop.set()  # leave the loop: the device is released and opened again
             return
         # A failing device is retried, but not in a tight loop.
-        inc.stop.wait(min(5.0, 0.1 * 2 ** min(self.consecutive_errors, 6)))
+        inc.stop.wait(self._error_backoff.next_delay())
 
     def _acquire_output_set(self, inc: Incarnation) -> OutputSet | None:
         while True:
@@ -538,6 +668,7 @@ class DeviceWorker:
             "last_error": self.last_error,
             "next_retry_in_s": None if retry is None else round(max(0.0, retry - self._clock()), 1),
             "hung_calls": self.hung_calls,
+            "leaked_openings": self.leaked_openings,
             "description": detector.backend.description if detector else "",
             "error": self.startup_error,
             "telemetry": detector.backend.telemetry() if detector else None,

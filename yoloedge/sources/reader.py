@@ -33,6 +33,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..backoff import Backoff
 from ..config.schema import CameraConfig
 from ..metrics import RateMeter
 from ..redact import SECRETS, redact_text, redact_url
@@ -250,7 +251,8 @@ class CameraReader:
         self._rate_out = RateMeter(RATE_WINDOW_S, clock)
         # backoff bookkeeping (supervisor thread only)
         self._consecutive_failures = 0
-        self._backoff_level = 0
+        self._backoff = Backoff(config.backoff_initial_s, config.backoff_max_s, reset_after_s=STABLE_STREAM_S,
+                                jitter=BACKOFF_JITTER, rng=self._random)
 
     # -- public API ------------------------------------------------------------------------------
     @property
@@ -468,23 +470,13 @@ class CameraReader:
         return max(0.01, wait)
 
     def _wait_backoff(self, result: AttemptResult) -> None:
-        if result.streamed_s is not None and result.streamed_s >= STABLE_STREAM_S:
-            self._backoff_level = 0
-        delay = self._next_backoff_delay()
+        delay = self._backoff.next_delay(result.streamed_s)
         with self._lock:
             self._retry_in_s = round(delay, 2)
         self._set_state(CameraState.BACKOFF, f"{result.reason}; retrying in {delay:.1f} s")
         self._stop.wait(delay)
         with self._lock:
             self._retry_in_s = None
-
-    def _next_backoff_delay(self) -> float:
-        """backoff_initial_s doubling per consecutive failure up to backoff_max_s, +/-20% jitter."""
-        cfg = self._config
-        base = min(cfg.backoff_max_s, cfg.backoff_initial_s * (2 ** self._backoff_level))
-        if base < cfg.backoff_max_s:
-            self._backoff_level += 1
-        return max(0.0, base * self._random.uniform(1 - BACKOFF_JITTER, 1 + BACKOFF_JITTER))
 
     def _streaming_reason(self, conn: Connection) -> str:
         if conn.frame_size is None:
