@@ -544,3 +544,22 @@ def test_host_threads_run_below_the_device_worker(model):
     post = [t for t in p.post._threads if t.is_alive()]
     assert post and all(os.getpriority(os.PRIO_PROCESS, t.native_id) == expected for t in post)
     p.stop()
+
+
+def test_a_post_stage_that_cannot_start_a_thread_unqueues_the_batch(monkeypatch):
+    """Out of threads (RLIMIT_NPROC, a container's pids limit): the caller gets the error and
+    gives the batch up, so the stage must not keep it queued for a decoder that may start later."""
+    post = PostStage("exhausted", lambda *a: None)
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        post.skip(0)
+    assert post.pending() == 0 and post.threads == 0
+    monkeypatch.undo()
+    post.skip(0)  # threads are back: the stage works again
+    wait_until(lambda: post.pending() == 0, what="the skipped ticket handled")
+    assert post.threads == 1
+    assert post.stop(5)

@@ -64,15 +64,30 @@ class PostStage:
 
     def _push(self, ticket: int, item: OutputSet | None) -> None:
         with self._lock:
-            heapq.heappush(self._heap, (ticket, next(self._arrivals), item))
+            entry = (ticket, next(self._arrivals), item)
+            heapq.heappush(self._heap, entry)
             if self._idle == 0 and len(self._threads) < self.max_threads and not self._stopping:
-                self._spawn()
+                try:
+                    self._spawn()
+                except RuntimeError:  # no decoder at all: the caller gives the batch up, so unqueue it
+                    self._heap.remove(entry)
+                    heapq.heapify(self._heap)
+                    raise
             self._work.notify()
 
     def _spawn(self) -> None:
+        """One more decoder. When the process is out of threads, the item already queued waits for
+        a running decoder; only a pool with none at all has to fail the batch (the caller's error)."""
         thread = threading.Thread(target=self._serve, name=f"post-{self.name}-{len(self._threads)}", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as exc:
+            if not self._threads:
+                raise
+            log.warning("post-processing %s: cannot add a thread (%s); %d keep decoding",
+                        self.name, exc, len(self._threads))
+            return
         self._threads.append(thread)
-        thread.start()
 
     # -- the pool ----------------------------------------------------------------------------
     def _serve(self) -> None:
