@@ -34,9 +34,41 @@ def _wait(predicate, timeout: float) -> bool:
     return True
 
 
+CONNACK = b"\x20\x02\x00\x00"
+
+
+def _read_packet(conn: socket.socket) -> tuple[int, bytes] | None:
+    """One MQTT packet (type nibble, body) from `conn`, or None at end of stream."""
+    def exactly(n: int) -> bytes | None:
+        data = b""
+        while len(data) < n:
+            chunk = conn.recv(n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    first = exactly(1)
+    if first is None:
+        return None
+    length, shift = 0, 0
+    while True:
+        byte = exactly(1)
+        if byte is None:
+            return None
+        length |= (byte[0] & 0x7F) << shift
+        shift += 7
+        if not byte[0] & 0x80:
+            break
+    body = exactly(length) if length else b""
+    return None if body is None else (first[0] >> 4, body)
+
+
 class FakeServer:
-    """A real TCP listener that is not an MQTT broker. `behaviour`: "silent" (accepts, reads,
-    never answers), "close" (closes at once), "http" (answers like a web server, then closes)."""
+    """A real TCP listener that is not (quite) an MQTT broker. `behaviour`: "silent" (accepts,
+    reads, never answers), "close" (closes at once), "http" (answers like a web server, then
+    closes), "flap" (CONNACK, then closes), "noack" (CONNACK and PINGRESP, but swallows PUBLISH
+    without PUBACK until `start_acking()`)."""
 
     def __init__(self, behaviour: str):
         self.behaviour = behaviour
@@ -46,6 +78,9 @@ class FakeServer:
         self.sock.listen(16)
         self.host, self.port = HOST, self.sock.getsockname()[1]
         self.accepted = 0
+        self.publishes = 0
+        self._acking = threading.Event()
+        self._unacked: list[tuple[socket.socket, bytes]] = []
         self._conns: list[socket.socket] = []
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -63,8 +98,42 @@ class FakeServer:
                 conn.recv(4096)
                 conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 conn.close()
+            elif self.behaviour == "flap":
+                conn.recv(4096)
+                conn.sendall(CONNACK)
+                time.sleep(0.05)
+                conn.close()
+            elif self.behaviour == "noack":
+                self._conns.append(conn)
+                threading.Thread(target=self._broker, args=(conn,), daemon=True).start()
             else:
                 self._conns.append(conn)
+
+    def _broker(self, conn: socket.socket) -> None:
+        """Speak just enough MQTT 3.1.1 for a QoS 1 publisher that is never acknowledged."""
+        try:
+            while (packet := _read_packet(conn)) is not None:
+                kind, body = packet
+                if kind == 1:  # CONNECT
+                    conn.sendall(CONNACK)
+                elif kind == 12:  # PINGREQ
+                    conn.sendall(b"\xd0\x00")
+                elif kind == 3:  # PUBLISH (QoS 1: the packet id follows the topic)
+                    topic_len = int.from_bytes(body[:2], "big")
+                    packet_id = body[2 + topic_len:4 + topic_len]
+                    self.publishes += 1
+                    if self._acking.is_set():
+                        conn.sendall(b"\x40\x02" + packet_id)
+                    else:
+                        self._unacked.append((conn, packet_id))
+        except OSError:
+            pass
+
+    def start_acking(self) -> None:
+        """Acknowledge what was swallowed, and everything from now on (a broker catching up)."""
+        self._acking.set()
+        for conn, packet_id in self._unacked:
+            conn.sendall(b"\x40\x02" + packet_id)
 
     def close(self) -> None:
         self.sock.close()
@@ -77,11 +146,13 @@ class FakeServer:
 def make_publisher():
     made: list[MqttPublisher] = []
 
-    def make(host: str, port: int, spool_write=None, **options) -> MqttPublisher:
-        """`spool_write`: the spool's os.write, to make its disk fail (see test_spool.py)."""
+    def make(host: str, port: int, spool_write=None, clock=time.monotonic,
+             **options) -> MqttPublisher:
+        """`spool_write`: the spool's os.write, to make its disk fail (see test_spool.py);
+        `clock`: the publisher's clock for rate-limited logs and the acknowledgement check."""
         settings = {"host": host, "port": port, "reconnect_min_s": 0.1, "reconnect_max_s": 0.3,
                     "keepalive_s": 1, **options}
-        pub = MqttPublisher(MqttConfig(**settings), DEVICE, "9.9.9")
+        pub = MqttPublisher(MqttConfig(**settings), DEVICE, "9.9.9", clock=clock)
         if spool_write is not None:
             spool = pub._spool
             pub._spool = Spool(spool.directory, spool.limit_bytes,
@@ -454,3 +525,181 @@ def test_tls_handshake_that_never_completes_is_reported(make_publisher, caplog):
         assert len(_warnings(caplog, "timed out")) == 1
     finally:
         server.close()
+
+
+class _Clock:
+    """The publisher's clock, moved by the test (rate limits and ages without waiting)."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _mutate_spool(variant: str, spool_dir, monkeypatch) -> None:
+    """Change the spool's files under the running publisher, as an operator or a failing disk
+    would."""
+    import shutil
+
+    import yoloedge.publish.spool as spool_module
+
+    first = sorted(spool_dir.glob("*.seg"))[0]
+    if variant == "directory deleted":
+        shutil.rmtree(spool_dir)
+    elif variant == "segment truncated":
+        os.truncate(first, first.stat().st_size // 2)
+    elif variant == "segment replaced by a directory":
+        first.unlink()
+        first.mkdir()
+    elif variant == "read error":
+        real = spool_module.read_segment
+
+        def read_segment(path, start=0):
+            if os.path.basename(path) == first.name:
+                raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+            return real(path, start)
+
+        monkeypatch.setattr(spool_module, "read_segment", read_segment)
+
+
+@pytest.mark.parametrize("variant", ["directory deleted", "segment truncated",
+                                     "segment replaced by a directory", "read error"])
+def test_spool_files_changed_under_it_drop_what_is_lost_and_go_on(
+        tmp_path, mosquitto_factory, subscriber_factory, make_publisher, monkeypatch, caplog,
+        variant):
+    """What can no longer be read back is counted as dropped (and said, once), everything else
+    arrives in order, the spool empties, and no traceback repeats."""
+    caplog.set_level(logging.DEBUG, logger="yoloedge")
+    broker = mosquitto_factory(persistence=True)
+    topic = TOPICS.detections("cam1")
+    sub = subscriber_factory(broker, (topic,), client_id=f"mutate-sub-{variant[:4]}",
+                             clean_session=False)
+    broker.stop()
+    spool_dir = tmp_path / "spool"
+    # about 65 bytes a record, segments of 1000 bytes: 30 records make two segments
+    pub = make_publisher(broker.host, broker.port, spool_dir=str(spool_dir), keepalive_s=5,
+                         spool_limit_bytes=4000)
+    for seq in range(30):
+        assert pub.publish_detections("cam1", {"seq": seq})
+    assert len(list(spool_dir.glob("*.seg"))) >= 2
+    _mutate_spool(variant, spool_dir, monkeypatch)
+    for seq in range(30, 40):
+        assert pub.publish_detections("cam1", {"seq": seq})
+    broker.start()
+    assert sub.wait_for(lambda ms: {m.json()["seq"] for m in ms} >= set(range(30, 40)), 20), \
+        pub.stats()
+    assert _wait(lambda: pub.stats()["queued"] == 0 and pub.stats()["spooled"] == 0, 10), \
+        pub.stats()
+    first_seen = list(dict.fromkeys(m.json()["seq"] for m in sub.messages(topic)))
+    assert first_seen == sorted(first_seen)
+    missing = set(range(40)) - set(first_seen)
+    if variant == "directory deleted":
+        assert missing == set(range(30))
+    else:  # one of two segments: some lost, none written after the change
+        assert 0 < len(missing) < 30 and max(missing) < 30, missing
+    stats = pub.stats()
+    assert stats["dropped"] == len(missing) and stats["connected"]
+    said = [m for m in _warnings(caplog, "could not be read back")]
+    assert said and sum(int(re.search(r": (\d+) message", m).group(1)) for m in said) \
+        == len(missing), said
+    assert not [r for r in caplog.records if r.exc_info], "no traceback"
+    assert pub.publish_detections("cam1", {"seq": 40})  # and the spool goes on
+    assert sub.wait_for(lambda ms: any(m.json()["seq"] == 40 for m in ms), 10)
+    if variant == "directory deleted":
+        assert spool_dir.is_dir() and (spool_dir.stat().st_mode & 0o777) == 0o700
+    if variant == "segment replaced by a directory":
+        assert any(p.is_dir() for p in spool_dir.glob("*.seg"))  # not ours to delete
+
+
+def test_flapping_broker_warns_once_then_a_summary_per_minute(make_publisher, caplog):
+    caplog.set_level(logging.DEBUG, logger="yoloedge")
+    clock = _Clock()
+    server = FakeServer("flap")
+    try:
+        pub = make_publisher(server.host, server.port, clock=clock)
+        assert _wait(lambda: pub.stats()["reconnects"] >= 5, 20), pub.stats()
+        assert len(_warnings(caplog, "; reconnecting")) == 1
+        assert not _warnings(caplog, "reconnected")
+        connected_info = [r for r in caplog.records
+                          if r.levelno == logging.INFO and "connected to" in r.getMessage()]
+        # the first connect and the one after the warned loss; the flapping ones at debug level
+        assert len(connected_info) == 2, [r.getMessage() for r in connected_info]
+        before = pub.stats()["reconnects"]
+        clock.now += 61
+        assert _wait(lambda: _warnings(caplog, "reconnected"), 10)
+        [summary] = _warnings(caplog, "reconnected")
+        count = int(re.search(r"reconnected (\d+) time", summary).group(1))
+        assert count >= before - 1 and "in the last 61 s" in summary and "last reason" in summary
+        flaps = pub.stats()["reconnects"]
+        assert _wait(lambda: pub.stats()["reconnects"] >= flaps + 5, 20)
+        assert len(_warnings(caplog, "reconnected")) == 1  # the clock stands: no second summary
+        assert len(_warnings(caplog, "; reconnecting")) == 1
+    finally:
+        server.close()
+
+
+def test_broker_that_never_acknowledges_is_reported_and_cleared(make_publisher, caplog):
+    caplog.set_level(logging.DEBUG, logger="yoloedge")
+    clock = _Clock()
+    server = FakeServer("noack")
+    try:
+        pub = make_publisher(server.host, server.port, clock=clock)  # keepalive 1 s: 30 s limit
+        assert pub.wait_connected(10)
+        for seq in range(3):
+            assert pub.publish_detections("cam1", {"seq": seq})
+        assert _wait(lambda: server.publishes == 3, 10)
+        clock.now += 29
+        stats = pub.stats()
+        assert not stats["ack_stalled"] and stats["last_error"] is None and stats["connected"]
+        clock.now += 2
+        stats = pub.stats()
+        assert stats["ack_stalled"] and stats["connected"]
+        assert "has not acknowledged 3 message(s) for 31 s" in stats["last_error"]
+        pub.stats()
+        assert len(_warnings(caplog, "has not acknowledged")) == 1
+        server.start_acking()
+        assert _wait(lambda: pub.stats()["delivered"] == 3, 10)
+        stats = pub.stats()
+        assert not stats["ack_stalled"] and stats["last_error"] is None and stats["queued"] == 0
+    finally:
+        server.close()
+
+
+def test_tls_to_a_plain_port_asks_whether_it_is_a_tls_port(mosquitto_factory, make_publisher):
+    from yoloedge.config import TlsConfig
+    broker = mosquitto_factory()  # no TLS on this port
+    pub = make_publisher(broker.host, broker.port, tls=TlsConfig())
+    assert _wait(lambda: pub.stats()["last_error"] is not None, 15)
+    error = pub.stats()["last_error"]
+    assert f"is port {broker.port} a TLS port?" in error, error
+
+
+def test_spool_directory_replaced_by_a_file_falls_back_to_memory_then_spools_again(
+        tmp_path, mosquitto_factory, subscriber_factory, make_publisher, caplog):
+    import shutil
+    caplog.set_level(logging.DEBUG, logger="yoloedge")
+    broker = mosquitto_factory(persistence=True)
+    topic = TOPICS.detections("cam1")
+    sub = subscriber_factory(broker, (topic,), client_id="file-sub", clean_session=False)
+    broker.stop()
+    spool_dir = tmp_path / "spool"
+    pub = make_publisher(broker.host, broker.port, spool_dir=str(spool_dir), keepalive_s=5,
+                         spool_limit_bytes=4000)
+    for seq in range(30):
+        assert pub.publish_detections("cam1", {"seq": seq})
+    shutil.rmtree(spool_dir)
+    spool_dir.write_bytes(b"not a directory")
+    for seq in range(30, 40):  # the spool cannot be written: memory, and said so
+        assert pub.publish_detections("cam1", {"seq": seq})
+    assert "cannot write to the spool" in pub.stats()["last_error"]
+    assert _wait(lambda: pub.stats()["dropped"] == 30, 10), pub.stats()  # the deleted ones
+    spool_dir.unlink()
+    assert pub.publish_detections("cam1", {"seq": 40})  # the spool is tried again
+    assert spool_dir.is_dir() and pub.stats()["spooled"] == 1
+    broker.start()
+    assert sub.wait_for(lambda ms: {m.json()["seq"] for m in ms} >= set(range(30, 41)), 20), \
+        pub.stats()
+    assert _wait(lambda: pub.stats()["queued"] == 0 and pub.stats()["spooled"] == 0, 10)
+    assert pub.stats()["dropped"] == 30
+    assert not [r for r in caplog.records if r.exc_info], "no traceback"

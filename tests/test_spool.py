@@ -388,3 +388,43 @@ def test_fsync_does_not_hold_the_spool_lock(tmp_path, monkeypatch):
         syncing.join(10)
     worker.join(10)
     spool.close()
+
+
+def test_a_deleted_directory_is_created_again_and_its_records_counted_unreadable(tmp_path):
+    import shutil
+
+    directory = tmp_path / "spool"
+    spool = Spool(str(directory), limit_bytes=1 << 20)
+    spool.open()
+    for i in range(5):
+        spool.append(_record(i))
+    shutil.rmtree(directory)
+    for i in range(5, 8):
+        spool.append(_record(i))  # not into the deleted file: into a new directory
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700 and (directory / "lock").exists()
+    spool.sync(force=True)  # notices the deleted segment
+    assert spool.unreadable == 5 and spool.unacked == 3
+    assert [r for _, r in spool.read(100, 1 << 20)] == [_record(i) for i in range(5, 8)]
+    other = Spool(str(directory), limit_bytes=1 << 20)
+    with pytest.raises(OSError, match="in use"):  # the new directory is ours, locked
+        other.open()
+    spool.close()
+    again = Spool(str(directory), limit_bytes=1 << 20)
+    assert again.open() == 3
+    again.close()
+
+
+def test_a_truncated_segment_loses_only_its_tail_once(tmp_path):
+    spool = Spool(str(tmp_path), limit_bytes=1 << 20)
+    spool.open()
+    for i in range(6):
+        spool.append(_record(i))
+    [segment] = _segments(tmp_path)
+    os.truncate(segment, 3 * _on_disk_size(0))  # records 0-2 stay whole (same size each)
+    assert [r for _, r in spool.read(100, 1 << 20)] == [_record(i) for i in range(3)]
+    assert spool.unreadable == 3 and spool.unacked == 3 and not spool.has_unsent
+    assert spool.read(100, 1 << 20) == [] and spool.unreadable == 3  # counted once, no retry
+    seq = spool.append(_record(6))  # the damaged segment is sealed: a new one takes it
+    assert len(_segments(tmp_path)) == 2
+    assert spool.read(100, 1 << 20) == [(seq, _record(6))]
+    spool.close()

@@ -513,8 +513,12 @@ class Daemon:
             for cam in self.cameras.values():
                 if cam.config.enabled and cam.state in UNHEALTHY_CAMERA_STATES:
                     problems.append(Problem(f"camera {cam.name}", str(cam.state)))
-        if self.publisher is not None and not self.publisher.stats().get("connected"):
+        mqtt = self.publisher.stats() if self.publisher is not None else None
+        if mqtt is not None and not mqtt.get("connected"):
             problems.append(Problem("mqtt", "not connected to the broker"))
+        elif mqtt is not None and mqtt.get("ack_stalled"):  # connected, yet nothing arrives
+            problems.append(Problem("mqtt", "connected, but the broker does not acknowledge "
+                                            "messages (see mqtt.last_error)"))
         if self.config_error:
             problems.append(Problem("config", "the last reload was rejected (configuration error)"))
         return problems

@@ -36,6 +36,15 @@ Design (the why behind the code below; docs/mqtt.md has the topics and payloads)
   (its keep-alive check), and a server that is not an MQTT broker (HTTP, a TLS port spoken to
   in clear) closes it or sends what paho rejects. paho reports all of these only as a disconnect
   without a connect, so `_on_disconnect` turns them into `last_error` and one warning per outage.
+* A TLS connection to a port that does not speak TLS fails in the handshake (an SSL error or a
+  reset): `last_error` then asks whether the port is a TLS port.
+* Flapping (CONNACK, then the connection drops, again and again): the first lost connection is a
+  warning; later ones within FLAP_WINDOW_S are summed into one warning per FLAP_WINDOW_S
+  ("reconnected N times ..."), so a flapping broker cannot flood the journal.
+* A broker that takes PUBLISH but never acknowledges it looks connected. When messages have
+  waited ACK_STALL_MIN_S (or two keep-alive intervals, if longer) with no acknowledgement at all,
+  `stats()` says so in `last_error` and `ack_stalled` (a daemon problem); an acknowledgement
+  clears it. The clock is injectable, so this is tested without waiting.
 * Delivery is tracked with `on_publish` (mid -> delivered), not `wait_for_publish()`, which
   raises for messages published while disconnected.
 * Status: retained, QoS 1, on `{prefix}/{device_id}/status`; the Last Will says "offline". The
@@ -55,6 +64,7 @@ import dataclasses
 import functools
 import json
 import logging
+import ssl
 import sys
 import threading
 import time
@@ -86,6 +96,10 @@ DISCONNECT_RESERVE_S = 1.0
 MAX_QUEUE_LIMIT = 65000
 #: how often the spool thread fsyncs and deletes acknowledged segments (see publish/spool.py).
 SPOOL_SYNC_INTERVAL_S = 1.0
+#: lost connections after the first are summed into one warning per this many seconds.
+FLAP_WINDOW_S = 60.0
+#: messages unacknowledged this long (or two keep-alive intervals, if longer) are a problem.
+ACK_STALL_MIN_S = 30.0
 _MAX_TOPIC_BYTES = 65535
 _MAX_PAYLOAD_BYTES = 268435455
 
@@ -156,9 +170,11 @@ def _callback(method: Callable[..., None]) -> Callable[..., None]:
 class MqttPublisher:
     """One MQTT connection for the whole daemon; thread-safe (any thread may publish)."""
 
-    def __init__(self, config: MqttConfig, device_id: str, version: str):
+    def __init__(self, config: MqttConfig, device_id: str, version: str,
+                 clock: Callable[[], float] = time.monotonic):
         _check_config(config)
         self._config = config
+        self._clock = clock  # for rate-limited logs and the acknowledgement check, not deadlines
         self._device_id = device_id
         self._version = version
         self.topics = Topics(config.topic_prefix, device_id)
@@ -186,6 +202,14 @@ class MqttPublisher:
         self._last_error: str | None = None
         self._error_logged: str | None = None  # last error warned about since the last connect
         self._error_logged_at = 0.0
+        self._lost_logged_at: float | None = None  # when a lost connection was last warned about
+        self._flaps = 0  # lost connections since then, not yet reported
+        self._flap_reason = ""
+        self._connect_quiet = False  # the last loss was not logged: neither is the reconnect
+        self._last_ack_at = 0.0
+        self._pending_since: dict[int, float] = {}  # mid -> when it was handed to paho
+        self._ack_stall: str | None = None  # the last_error that reports missing acks
+        self._spool_error_logged: str | None = None
         self._status: str | None = None
         self._stop_requested = False
         self._closed = False
@@ -195,6 +219,7 @@ class MqttPublisher:
                                 fsync_interval_s=SPOOL_SYNC_INTERVAL_S)
         self._spool_thread: threading.Thread | None = None
         self._spool_dropped = 0  # spool drops already counted in _dropped
+        self._spool_unreadable = 0  # unreadable spool records already counted in _dropped
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -468,12 +493,18 @@ class MqttPublisher:
         return True
 
     def _count_spool_drops(self, spool: Spool) -> None:
-        dropped = spool.dropped
+        dropped, unreadable = spool.dropped, spool.unreadable
         with self._lock:
             new, self._spool_dropped = dropped - self._spool_dropped, dropped
+            lost, self._spool_unreadable = unreadable - self._spool_unreadable, unreadable
         if new:
             self._note_drop(f"spool full ({self._config.spool_limit_bytes} bytes); its oldest "
                             f"messages were deleted", count=new)
+        if lost:
+            self._record_error(f"spool {spool.directory}: {lost} message(s) could not be read "
+                               f"back (its files were deleted, truncated or unreadable) and are "
+                               f"dropped; the spool goes on")
+            self._note_drop("unreadable in the spool", count=lost)
 
     def _send(self, msg: _Outgoing, from_outbox: bool = False) -> bool:
         """Hand one message to paho (caller holds _send_lock) and start tracking its mid.
@@ -505,6 +536,7 @@ class MqttPublisher:
             done = not accepted or info.mid in self._early_acks
             if msg.qos > 0 and not done:
                 self._pending[info.mid] = msg
+                self._pending_since[info.mid] = self._clock()
                 self._queued_bytes += len(msg.payload)
             if done and msg.seq is not None and self._spool is not None:
                 self._spool.ack(msg.seq)  # acknowledged already, or refused (counted as dropped)
@@ -516,7 +548,7 @@ class MqttPublisher:
 
     def _note_drop(self, reason: str, count: int = 1) -> None:
         """Count dropped messages; warn at most once per DROP_LOG_INTERVAL_S with the sum."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             self._dropped += count
             self._drops_unlogged += count
@@ -544,9 +576,35 @@ class MqttPublisher:
         unspooled = sum(1 for m in self._pending.values() if m.seq is None)
         return len(self._outbox) + unspooled + self._spool.unacked
 
+    def ack_stall_s(self) -> float:
+        """How long sent messages may wait for their first acknowledgement: a broker is slow to
+        acknowledge under load, but not for two keep-alive intervals."""
+        return max(ACK_STALL_MIN_S, 2.0 * self._config.keepalive_s)
+
+    def _check_acks(self) -> None:
+        """Report a connection on which sent messages get no acknowledgement (see the module
+        docstring); the message counts the waiting messages and the seconds since the oldest
+        was sent or the last acknowledgement came, whichever is later."""
+        with self._lock:
+            if not self._connected or not self._pending_since:
+                return
+            oldest = next(iter(self._pending_since.values()))  # dicts keep insertion order
+            waited = self._clock() - max(oldest, self._last_ack_at)
+            if waited < self.ack_stall_s():
+                return
+            waiting, first = len(self._pending_since), self._ack_stall is None
+            self._ack_stall = (f"the broker {self.broker} has not acknowledged {waiting} "
+                               f"message(s) for {waited:.0f} s; it is connected but may be "
+                               f"overloaded or broken")
+            self._last_error = self._ack_stall
+        if first:
+            logger.warning("MQTT: %s", self._ack_stall)
+
     def stats(self) -> dict:
         """Counters for the daemon's status: queued = waiting or not yet acknowledged (in memory
-        or in the spool); queued_bytes = payload bytes of those held in memory."""
+        or in the spool); queued_bytes = payload bytes of those held in memory; ack_stalled =
+        connected, but the broker does not acknowledge (see `_check_acks`)."""
+        self._check_acks()
         with self._lock:
             return {
                 "connected": self._connected,
@@ -558,6 +616,7 @@ class MqttPublisher:
                 "published": self._published,
                 "reconnects": self._reconnects,
                 "last_error": self._last_error,
+                "ack_stalled": self._ack_stall is not None,
                 "broker": self.broker,
             }
 
@@ -584,9 +643,12 @@ class MqttPublisher:
             replayed = self._replay(client)
             with self._lock:
                 self._ready = True
+                self._last_ack_at = self._clock()  # acknowledgements are awaited from now on
+                quiet, self._connect_quiet = self._connect_quiet, False
                 self._lock.notify_all()  # the spool thread, if any, hands over its backlog
-        logger.info("MQTT: connected to %s%s", self.broker,
-                    f", {replayed} waiting message(s) sent" if replayed else "")
+        # "resending": handed to paho again, not yet acknowledged by the broker
+        logger.log(logging.DEBUG if quiet else logging.INFO, "MQTT: connected to %s%s",
+                   self.broker, f", resending {replayed} waiting message(s)" if replayed else "")
 
     def _replay(self, client: mqtt.Client) -> int:
         """Hand paho's unacknowledged messages, then the outbox, back to paho in order, with the
@@ -603,6 +665,7 @@ class MqttPublisher:
             back = []
             for m in unacked:
                 sent = self._pending.pop(m.mid, None)
+                self._pending_since.pop(m.mid, None)
                 if sent is not None:
                     self._queued_bytes -= len(sent.payload)
                 if sent is not None and sent.seq is not None:
@@ -631,7 +694,19 @@ class MqttPublisher:
         """A (re)connect attempt failed before any CONNACK: unreachable, refused, TLS error.
         paho calls this inside its `except OSError`, so the exception is still at hand."""
         exc = sys.exc_info()[1]
-        self._record_error(f"cannot connect to {self.broker}: {exc!r}; retrying")
+        self._record_error(f"cannot connect to {self.broker}: {exc!r}{self._tls_hint(exc)}; "
+                           f"retrying")
+
+    def _tls_hint(self, exc: BaseException | None) -> str:
+        """A TLS handshake with a port that speaks MQTT in clear fails as an SSL error, or the
+        broker resets the connection: say what is the likely cause, not only the symptom."""
+        if self._config.tls is None:
+            return ""
+        if isinstance(exc, (ssl.SSLError, ConnectionResetError, ConnectionAbortedError,
+                            BrokenPipeError)):
+            return (f" (is port {self._config.port} a TLS port? the broker may not speak TLS "
+                    f"there)")
+        return ""
 
     @_callback
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
@@ -643,14 +718,44 @@ class MqttPublisher:
             connack_seen, self._connack_seen = self._connack_seen, False
             self._connected = False
             self._ready = False
+            self._ack_stall = None  # "not connected" is the problem now
             closing = self._closed
             self._lock.notify_all()
         if closing:
             logger.debug("MQTT: disconnected from %s (%s)", self.broker, reason_code)
         elif was_connected:
-            self._record_error(f"connection to {self.broker} lost: {reason_code}; reconnecting")
+            self._connection_lost(str(reason_code))
         elif not connack_seen:  # a refusal (a CONNACK) was reported by _on_connect already
             self._record_error(self._no_connack_error(str(reason_code)))
+
+    def _connection_lost(self, reason: str) -> None:
+        """Warn about the first lost connection; within FLAP_WINDOW_S after that, count the
+        losses and warn with their sum at most once per FLAP_WINDOW_S (see the module docstring)."""
+        message = f"connection to {self.broker} lost: {reason}; reconnecting"
+        now = self._clock()
+        summary = None
+        with self._lock:
+            self._last_error = message
+            quiet = (self._lost_logged_at is not None
+                     and now - self._lost_logged_at < FLAP_WINDOW_S)
+            if quiet:
+                self._flaps += 1
+                self._flap_reason = reason
+                self._connect_quiet = True
+        if quiet:
+            logger.debug("MQTT: %s", message)
+            return
+        with self._lock:
+            if self._flaps and self._lost_logged_at is not None:
+                summary = (f"reconnected {self._flaps} time(s) in the last "
+                           f"{now - self._lost_logged_at:.0f} s; last reason: {self._flap_reason}")
+            self._lost_logged_at, self._flaps = now, 0
+            self._error_logged, self._error_logged_at = message, now
+        if summary is not None:
+            logger.warning("MQTT: connection to %s is unstable: %s; lost again: %s", self.broker,
+                           summary, reason)
+        else:
+            logger.warning("MQTT: %s", message)
 
     def _no_connack_error(self, reason: str) -> str:
         """The message is the same on every retry, so _record_error warns once per outage."""
@@ -669,6 +774,11 @@ class MqttPublisher:
         """Broker acknowledged (QoS >= 1) or paho wrote (QoS 0) message `mid`."""
         with self._lock:
             sent = self._pending.pop(mid, None)
+            self._pending_since.pop(mid, None)
+            self._last_ack_at = self._clock()
+            resumed, self._ack_stall = self._ack_stall, None
+            if resumed is not None and self._last_error == resumed:
+                self._last_error = None
             if sent is not None:
                 self._queued_bytes -= len(sent.payload)
                 if sent.seq is not None and self._spool is not None:
@@ -677,6 +787,8 @@ class MqttPublisher:
                 self._early_acks.add(mid)
             self._delivered += 1
             self._lock.notify_all()
+        if resumed is not None:
+            logger.info("MQTT: %s acknowledges messages again", self.broker)
 
     # ------------------------------------------------------------------ spool thread
 
@@ -698,11 +810,25 @@ class MqttPublisher:
             try:
                 progress = self._drain_spool(spool) > 0
                 spool.sync()
+                self._spool_error_logged = None
             except Exception as exc:  # noqa: BLE001 - logged with traceback and reported in stats
-                logger.exception("MQTT: spool %s", spool.directory)
-                with self._lock:
-                    self._last_error = f"spool {spool.directory}: {exc}"
+                self._spool_failed(spool, exc)
                 time.sleep(SPOOL_SYNC_INTERVAL_S)
+            self._count_spool_drops(spool)
+
+    def _spool_failed(self, spool: Spool, exc: Exception) -> None:
+        """Report a failure of the spool thread: with its traceback the first time, then (the
+        same failure every second, a disk that stays broken) only in stats and at debug level."""
+        message = f"spool {spool.directory}: {exc}"
+        with self._lock:
+            self._last_error = message
+            repeated, self._spool_error_logged = self._spool_error_logged == message, message
+        if repeated:
+            logger.debug("MQTT: %s", message)
+        elif isinstance(exc, OSError):  # the disk or the directory, not a bug: no traceback
+            logger.warning("MQTT: %s", message)
+        else:
+            logger.exception("MQTT: %s", message)
 
     def _drain_spool(self, spool: Spool) -> int:
         """Send what the spool holds beyond its cursor, within the in-memory limits; returns
@@ -724,7 +850,7 @@ class MqttPublisher:
         """Keep the error for stats(); warn when it is new since the last successful connect,
         and again every ERROR_REPEAT_LOG_S while it persists, so a long outage stays visible
         without a warning per retry."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             self._last_error = message
             warn = (message != self._error_logged

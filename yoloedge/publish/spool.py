@@ -36,6 +36,13 @@ middle of a segment would hide every record after it, in this run and after a re
 append starts a new segment, so even when the cut fails the torn bytes end a segment, where
 recovery cuts them off without losing anything after them.
 
+Files changed under it (the directory or a segment deleted, a segment truncated or replaced by
+a directory, a read error): the records that can no longer be read are acknowledged as lost and
+counted in `unreadable` (one already handed to the MQTT client may still arrive), never retried
+forever, so delivery goes on with the next readable record.
+The directory (and its lock) is created again when it is gone, at the next new segment or `sync()`;
+appends never go on into a deleted segment file (its records could not be read back).
+
 Thread-safe: one internal lock, a leaf (no callback or other lock is taken while it is held),
 held only for memory and page-cache work, never for an fsync: the MQTT client appends, acks and
 reads the counters from its network thread and from every publish, and an fsync on an SD card
@@ -48,6 +55,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import struct
 import threading
 import time
@@ -166,6 +174,8 @@ class Spool:
         self.recovered = 0
         self.discarded_bytes = 0
         self.dropped = 0
+        self.unreadable = 0  # records lost because their file changed under the spool
+        self._closing = False  # close() began: the directory is not taken again
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -174,6 +184,7 @@ class Spool:
         records recovered, all of which count as not yet sent."""
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         self._take_directory()
+        self._closing = False
         try:
             with self._lock:
                 names = sorted(n for n in os.listdir(self.directory) if n.endswith(SEGMENT_SUFFIX))
@@ -197,6 +208,18 @@ class Spool:
             os.close(fd)
             raise OSError(errno.EBUSY, "in use by another process", self.directory) from None
         self._lock_fd = fd
+
+    def _ensure_directory_locked(self) -> None:
+        """Create the directory and take its lock again when someone deleted it (or its lock
+        file) while we run: otherwise every new segment would fail, or another process could
+        take the new directory. Caller holds _lock."""
+        fd = self._lock_fd
+        if fd is not None and os.fstat(fd).st_nlink > 0 and os.path.isdir(self.directory):
+            return
+        self._release_directory()
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        self._take_directory()
+        self._dir_dirty = True
 
     def _release_directory(self) -> None:
         if self._lock_fd is not None:
@@ -223,6 +246,8 @@ class Spool:
     def close(self) -> None:
         """fsync and close; unacknowledged records stay on disk for the next run. The files and
         the directory lock are released even when the fsync fails (which is then raised)."""
+        with self._lock:
+            self._closing = True
         try:
             self.sync(force=True)
         finally:
@@ -276,8 +301,11 @@ class Spool:
                 self._delete(segment)
 
     def _writable_segment(self, seq: int) -> tuple[_Segment, int]:
+        if self._file is not None and os.fstat(self._file).st_nlink == 0:
+            self._close_file()  # deleted under us: what is written there could not be read back
         if self._file is not None:
             return self._segments[-1], self._file
+        self._ensure_directory_locked()
         path = os.path.join(self.directory, f"{seq:020d}{SEGMENT_SUFFIX}")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._file = fd
@@ -312,8 +340,8 @@ class Spool:
         self._unacked -= segment.unacked
         try:
             os.unlink(segment.path)
-        except FileNotFoundError:
-            pass
+        except OSError:
+            pass  # gone already, or replaced by a directory that is not ours to delete
         if self._segments:
             self._cursor = max(self._cursor, self._segments[0].first_seq)
         else:
@@ -351,6 +379,8 @@ class Spool:
                         continue
                     out.append((seq, record))
                     size += len(record.payload)
+                if len(records) < segment.count:  # the rest could not be read: lost, skip it
+                    self._cursor = max(self._cursor, segment.end_seq)
                 if len(out) >= max_records:
                     break
             return out
@@ -363,10 +393,46 @@ class Spool:
             cache = self._read_cache = (segment, [], 0)
         _, records, offset = cache
         if offset < segment.size:
-            more, offset, _ = read_segment(segment.path, offset)
+            try:
+                more, offset, _ = read_segment(segment.path, offset)
+            except OSError:  # deleted, replaced by a directory, a read error
+                more = []
             records.extend(more)
             self._read_cache = (segment, records, offset)
+            if offset < segment.size:  # truncated, damaged or unreadable from here on
+                self._lose_locked(segment, segment.first_seq + len(records))
         return records
+
+    def _lose_locked(self, segment: _Segment, from_seq: int) -> None:
+        """Give up the records of `segment` from `from_seq` on: count the unacknowledged ones in
+        `unreadable` and mark them acknowledged, so sync() deletes the segment once the rest is
+        acknowledged. An open segment is sealed: a record appended after the damage could not be
+        read back either. Caller holds _lock."""
+        for seq in range(max(from_seq, segment.first_seq), segment.end_seq):
+            if seq not in segment.acked:
+                segment.acked.add(seq)
+                self._unacked -= 1
+                self.unreadable += 1
+        if segment is self._segments[-1] and self._file is not None:
+            self._close_file()
+
+    def _verify_locked(self) -> None:
+        """Notice segments whose file was deleted or replaced (by something that is not a regular
+        file) while we run, and the directory itself gone. Caller holds _lock."""
+        for segment in self._segments:
+            if segment.done:
+                continue
+            try:
+                if segment is self._segments[-1] and self._file is not None:
+                    intact = os.fstat(self._file).st_nlink > 0
+                else:
+                    intact = stat.S_ISREG(os.stat(segment.path).st_mode)
+            except OSError:
+                intact = False
+            if not intact:
+                self._lose_locked(segment, segment.first_seq)
+        if not self._closing:
+            self._ensure_directory_locked()
 
     def take(self, seq: int) -> bool:
         """Hand out `seq` without reading it back (the caller has the record): True when it is
@@ -398,6 +464,7 @@ class Spool:
         The fsyncs run on duplicated descriptors outside _lock (see the module docstring)."""
         with self._sync_lock:
             with self._lock:
+                self._verify_locked()
                 self._delete_done_locked()
                 due = self._due_locked(force)
                 sync_dir = bool(due) and self._dir_dirty
@@ -438,7 +505,11 @@ class Spool:
                 upto = segment.end_seq if force else min(self._watermark, segment.end_seq)
                 seqs = range(max(segment.synced_upto, segment.first_seq), upto)
                 if any(seq not in segment.acked for seq in seqs):
-                    due.append((segment, segment.end_seq, self._descriptor(segment)))
+                    try:
+                        fd = self._descriptor(segment)
+                    except OSError:  # changed under us: _verify_locked sees it at the next tick
+                        continue
+                    due.append((segment, segment.end_seq, fd))
                 elif seqs:
                     segment.synced_upto = seqs.stop  # all acknowledged: never needs an fsync
         except BaseException:
