@@ -377,3 +377,13 @@ def test_ctl_permission_denied_as_unprivileged_user(sock_dir, daemon):
                        prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"))
     assert proc.returncode == 4, proc.stderr
     assert "not permitted: add your user to the 'yoloedge' group or use sudo" in proc.stderr
+
+
+def test_ctl_status_says_when_the_broker_stops_acknowledging():
+    status = canned_status(healthy=False)
+    status["mqtt"]["ack_stalled"] = True
+    line = next(line for line in ctl.format_status(status).splitlines() if line.startswith("mqtt:"))
+    assert line.startswith("mqtt: connected (NOT ACKNOWLEDGING) to broker.local:1883;"), line
+    status["mqtt"]["connected"] = False  # disconnected wins: nothing can be acknowledged then
+    line = next(line for line in ctl.format_status(status).splitlines() if line.startswith("mqtt:"))
+    assert line.startswith("mqtt: DISCONNECTED from broker.local:1883;"), line

@@ -40,7 +40,8 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
                   "error": str | null}],
      "mqtt": {"connected": bool, "broker": str ("host:port"), "queued": int, "queued_bytes": int,
               "spooled": int | null (messages in mqtt.spool_dir; null without a spool),
-              "delivered": int, "dropped": int}}
+              "delivered": int, "dropped": int, "ack_stalled": bool (connected, but nothing
+              acknowledged for a while), "last_error": str | null}}
 
 The daemon may add keys (e.g. `daemon.device_id`, `daemon.restart_needed_for`: changed keys
 that only a restart applies); `status` shows what it knows and ignores the rest.
@@ -222,6 +223,8 @@ def _mqtt_line(mqtt: dict | None) -> str:
     if not mqtt:
         return "mqtt: -"
     link = "connected to" if mqtt.get("connected") else "DISCONNECTED from"
+    if mqtt.get("connected") and mqtt.get("ack_stalled"):
+        link = "connected (NOT ACKNOWLEDGING) to"
     spooled = f", spooled {mqtt['spooled']}" if mqtt.get("spooled") is not None else ""
     return (f"mqtt: {link} {_text(mqtt.get('broker'))}; queued {_text(mqtt.get('queued'))}{spooled}, "
             f"delivered {_text(mqtt.get('delivered'))}, dropped {_text(mqtt.get('dropped'))}")
