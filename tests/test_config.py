@@ -331,7 +331,7 @@ BAD = [
      "'1883' is not allowed: must be a whole number from 1 to 65535"),
     ("list-for-mapping", "mqtt: [localhost, 1883]\n", 4, "mqtt", "a list is not allowed: must be a mapping"),
     ("negative-fps", "cameras:\n  - name: a\n    url: rtsp://h/s\n    fps: -5\n", 7, "cameras[0].fps",
-     "-5 is not allowed: must be a number > 0 or null (e.g. fps: 5)"),
+     "-5 is not allowed: must be a number > 0 and <= 1000 or null (e.g. fps: 5)"),
     ("qos-3", "mqtt:\n  qos: 3\n", 5, "mqtt.qos", "3 is not allowed: must be a whole number from 0 to 2"),
     ("duplicate-camera-name", "cameras:\n  - name: gate\n    url: rtsp://h/1\n  - name: gate\n    url: rtsp://h/2\n",
      7, "cameras[1].name", "duplicate camera name 'gate' (first used at line 5)"),
@@ -372,7 +372,7 @@ BAD = [
      "2 is not allowed: must be a number from 0 to 1"),
     ("bad-format", "  format: v9\n", 4, "model.format", "must be one of: v5, v8, e2e, yolox, raw, raw_v8, or null"),
     ("bad-imgsz", "  imgsz: [640]\n", 4, "model.imgsz", "must be N or [H, W]"),
-    ("batch-0", "accelerators:\n  - batch: 0\n", 5, "accelerators[0].batch", "0 is not allowed: must be a whole number >= 1"),
+    ("batch-0", "accelerators:\n  - batch: 0\n", 5, "accelerators[0].batch", "0 is not allowed: must be a whole number from 1 to 256"),
     ("empty-accelerators", "accelerators: []\n", 4, "accelerators", "must list at least one accelerator"),
     ("device-twice", "accelerators:\n  - devices: [0, 1, 0]\n", 5, "accelerators[0].devices", "lists device 0 more than once"),
     ("duplicate-accelerator-name", "accelerators:\n  - name: npu\n  - name: npu\n", 6, "accelerators[1].name",
@@ -470,7 +470,7 @@ def test_tabs_get_a_hint(tmp_path):
 def test_missing_file(tmp_path):
     path = tmp_path / "absent.yaml"
     err = errors(path)
-    assert str(err) == f"{path}: cannot read the config file: No such file or directory"
+    assert str(err) == f"{path}: cannot read the config file: not found"
     assert isinstance(err, YoloedgeError) and err.exit_code == EX_CONFIG == 78
 
 

@@ -11,6 +11,8 @@ about 30 s. `HYPOTHESIS_PROFILE=long` searches harder.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 import os
 import tracemalloc
 from pathlib import Path
@@ -24,7 +26,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from yoloedge.config.errors import ConfigError  # noqa: E402
-from yoloedge.config.loader import load_config  # noqa: E402
+from yoloedge.config.loader import MAX_SPOOL_BYTES, load_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "etc" / "yoloedge" / "yoloedge.yaml"
@@ -62,7 +64,7 @@ def load_bounded(folder: Path, data: str | bytes) -> None:
     tracemalloc.start()
     try:
         try:
-            load_config(str(path), ENVIRON)
+            assert_bounded(load_config(str(path), ENVIRON))
         except ConfigError as exc:
             assert exc.issues and all(issue.file == str(path) for issue in exc.issues)
             str(exc)  # the message itself must build
@@ -70,6 +72,28 @@ def load_bounded(folder: Path, data: str | bytes) -> None:
     finally:
         tracemalloc.stop()
     assert peak < PEAK_LIMIT_BYTES, f"loading took {peak / 1e6:.0f} MB"
+
+
+def assert_bounded(node: Any, where: str = "config") -> None:
+    """What the loader accepts is bounded: no number is infinite, NaN or past the largest maximum
+    (spool bytes; a 1e300 timeout overflows a wait), no string past the longest a key takes (8 KiB,
+    a camera URL, plus the config folder for a resolved path)."""
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            assert_bounded(getattr(node, f.name), f"{where}.{f.name}")
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            assert_bounded(key, f"{where} key")
+            assert_bounded(value, f"{where}[{key!r}]")
+    elif isinstance(node, (list, tuple)):
+        for index, value in enumerate(node):
+            assert_bounded(value, f"{where}[{index}]")
+    elif isinstance(node, (int, float)) and not isinstance(node, bool):
+        assert math.isfinite(node) and abs(node) <= MAX_SPOOL_BYTES, f"{where} = {node!r}"
+        if where.endswith(("_s", "_ms")):  # durations: far below threading.TIMEOUT_MAX
+            assert node <= 86_400 * (1000 if where.endswith("_ms") else 1), f"{where} = {node!r}"
+    elif isinstance(node, str):
+        assert len(node.encode("utf-8", "surrogatepass")) <= 8192 + 4096, f"{where}: {len(node)} characters"
 
 
 # -- random text ---------------------------------------------------------------------------------
@@ -97,7 +121,8 @@ SCALARS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40),
     st.text(st.characters(codec="utf-8"), max_size=40),
     st.sampled_from(["rtsp://u:p@h/s\r\nX: 1", "\x00", "a\tb", "\u202e", "${UNSET}", "${X:-1}", "$${", "${",
-                     "0o777", "0x1F", "1e999", "-.inf", ".nan", "2024-13-45", "~", "yes", "on", "", " "]))
+                     "0o777", "0x1F", "1e999", "-.inf", ".nan", "2024-13-45", "~", "yes", "on", "", " ",
+                     "5e-1", "1e300", 1.0e300, 10 ** 12, "x" * 70_000, "é" * 5000]))
 VALUES = st.one_of(SCALARS, st.lists(SCALARS, max_size=4), st.dictionaries(st.text(max_size=8), SCALARS, max_size=3),
                    st.integers(min_value=1, max_value=300).map(_deep))
 

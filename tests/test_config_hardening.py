@@ -3,7 +3,10 @@ TLS material that is not what it claims, YAML bombs, control characters, and bad
 
 from __future__ import annotations
 
+import os
 import resource
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -279,3 +282,225 @@ def test_detect_reports_bad_metadata_of_a_real_model_without_a_traceback(tmp_pat
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert f"{path}: bad model metadata {key}" in result.stderr and "Traceback" not in result.stderr
+
+
+# -- values without bounds, files that are not files (an adversarial review's cases) ---------------
+
+LONG = "d" * 70_000
+
+UNBOUNDED = [
+    # (case, config text after device_id/model, the key reported, words the message must hold)
+    ("shutdown-1e300", "shutdown_timeout_s: 1.0e+300\n", "shutdown_timeout_s", "<= 3600"),
+    ("backoff-1e300", "cameras: [{name: c, url: rtsp://h/s, backoff_max_s: 1.0e+300}]\n",
+     "cameras[0].backoff_max_s", "<= 3600"),
+    ("open-timeout-1e300", "cameras: [{name: c, url: rtsp://h/s, open_timeout_s: 1.0e+300}]\n",
+     "cameras[0].open_timeout_s", "<= 3600"),
+    ("read-timeout-1e300", "cameras: [{name: c, url: rtsp://h/s, read_timeout_s: 1.0e+300}]\n",
+     "cameras[0].read_timeout_s", "<= 3600"),
+    ("stall-1e300", "health: {stall_timeout_s: 1.0e+300}\n", "health.stall_timeout_s", "<= 3600"),
+    ("reconnect-1e300", "mqtt: {reconnect_max_s: 1.0e+300}\n", "mqtt.reconnect_max_s", "<= 3600"),
+    ("inference-timeout-1e300", "accelerators: [{inference_timeout_s: 1.0e+300}]\n",
+     "accelerators[0].inference_timeout_s", "<= 3600"),
+    ("batch-timeout-ms", "accelerators: [{batch_timeout_ms: 1.0e+300}]\n",
+     "accelerators[0].batch_timeout_ms", "to 60000"),
+    ("fps", "cameras: [{name: c, url: rtsp://h/s, fps: 1.0e+9}]\n", "cameras[0].fps", "<= 1000"),
+    ("queue-100000", "cameras: [{name: c, url: rtsp://h/s, queue_size: 100000}]\n", "cameras[0].queue_size",
+     "from 1 to 100"),
+    ("queue-1e12", "cameras: [{name: c, url: rtsp://h/s, queue_size: 1000000000000}]\n",
+     "cameras[0].queue_size", "from 1 to 100"),
+    ("intra-op-threads", "accelerators: [{intra_op_threads: 100000}]\n", "accelerators[0].intra_op_threads",
+     "from 0 to 256"),
+    ("batch", "accelerators: [{batch: 100000}]\n", "accelerators[0].batch", "from 1 to 256"),
+    ("device-index", "accelerators: [{devices: [1000000000000]}]\n", "accelerators[0].devices[0]", "to 1023"),
+    ("max-det", "model: {max_det: 1000000000000}\n", "model.max_det", "to 100000"),
+    ("imgsz", "model: {imgsz: 1000000}\n", "model.imgsz", "from 1 to 8192"),
+    ("class-id", "model: {classes: [1000000000000]}\n", "model.classes[0]", "class id from 0 to 99999"),
+    ("queue-bytes", "mqtt: {queue_limit_bytes: 1000000000000000}\n", "mqtt.queue_limit_bytes", "to 1073741824"),
+    ("device-ms", "accelerators: [{backend: simulated, simulated: {device_ms: 1.0e+300}}]\n",
+     "accelerators[0].simulated.device_ms", "to 60000"),
+    ("long-device-id", f"device_id: {LONG}\n", "device_id", "longer than 128 bytes"),
+    ("long-camera-name", f"cameras: [{{name: {LONG}, url: rtsp://h/s}}]\n", "cameras[0].name",
+     "longer than 128 bytes"),
+    ("long-accelerator-name", f"accelerators: [{{name: {LONG}}}]\n", "accelerators[0].name", "longer than 128"),
+    ("long-topic-prefix", f"mqtt: {{topic_prefix: {LONG}}}\n", "mqtt.topic_prefix", "longer than 256 bytes"),
+    ("long-client-id", f"mqtt: {{client_id: {LONG}}}\n", "mqtt.client_id", "longer than 128 bytes"),
+    ("long-url", f"cameras: [{{name: c, url: rtsp://h/{LONG}}}]\n", "cameras[0].url", "longer than 8,192 bytes"),
+    ("long-username", f"mqtt: {{username: {LONG}}}\n", "mqtt.username", "longer than 4,096 bytes"),
+    ("many-cameras", "cameras: [" + ", ".join(f"{{name: c{i}, url: rtsp://h/s}}" for i in range(1001)) + "]\n",
+     "cameras", "lists 1,001 cameras; at most 1,000"),
+    ("yaml11-exponent", "model: {conf: 5e-1}\n", "model.conf", "YAML 1.1 reads 5e-1 as text: write 0.5"),
+    ("yaml11-big-exponent", "shutdown_timeout_s: 1e300\n", "shutdown_timeout_s", "write 1.0e+300"),
+]
+
+
+@pytest.mark.parametrize("case, text, key, words", UNBOUNDED, ids=[c[0] for c in UNBOUNDED])
+def test_values_without_a_sane_bound_are_config_errors_naming_key_and_line(tmp_path, model, case, text, key, words):
+    if text.startswith("device_id:"):
+        full = f"{text}model: {{path: {model}}}\n"
+    elif text.startswith("model: {"):
+        full = "device_id: e\n" + text.replace("model: {", f"model: {{path: {model}, ")
+    else:
+        full = f"device_id: e\nmodel: {{path: {model}}}\n{text}"
+    error = refused(write(tmp_path, full))
+    top = key.split(".")[0].split("[")[0]
+    line = next(n for n, row in enumerate(full.splitlines(), 1) if row.startswith(f"{top}:"))
+    assert [(i.line, i.key_path) for i in error.issues] == [(line, key)], str(error)
+    assert words in str(error), str(error)
+    assert LONG not in str(error)
+
+
+def test_bounded_values_at_their_maximum_still_load(tmp_path, model):
+    name = "n" * 128
+    path = write(tmp_path, f"""
+        device_id: {name}
+        model: {{path: {model}, max_det: 100000, imgsz: 8192, conf: 5.0e-1}}
+        shutdown_timeout_s: 3600
+        accelerators: [{{name: {name}, batch: 256, intra_op_threads: 256, batch_timeout_ms: 60000}}]
+        cameras: [{{name: {name}, url: rtsp://h/s, queue_size: 100, fps: 1000, backoff_max_s: 3600}}]
+        mqtt: {{topic_prefix: {'p' * 256}, client_id: {name}}}
+        """)
+    config = load_config(str(path), {})
+    assert config.model.conf == 0.5 and config.cameras[0].queue_size == 100 and config.device_id == name
+
+
+def test_check_cli_refuses_the_review_values_with_78_and_no_traceback(tmp_path, model):
+    path = write(tmp_path, f"device_id: {LONG}\nmodel: {{path: {model}}}\nshutdown_timeout_s: 1.0e+300\n"
+                           f"cameras: [{{name: c, url: rtsp://h/s, queue_size: 1000000000000}}]\n")
+    result = check_cli(path)
+    assert result.returncode == EX_CONFIG, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and LONG not in result.stderr
+    for where in (f"{path}:1: device_id", f"{path}:3: shutdown_timeout_s", f"{path}:4: cameras[0].queue_size"):
+        assert where in result.stderr, result.stderr
+
+
+def test_a_control_socket_path_held_by_a_file_is_refused(tmp_path, model):
+    taken = tmp_path / "control.sock"
+    taken.write_text("not a socket")
+    path = write(tmp_path, f"device_id: e\nmodel: {{path: {model}}}\ncontrol: {{socket: {taken}}}\n")
+    error = refused(path)
+    assert [(i.line, i.key_path) for i in error.issues] == [(3, "control.socket")]
+    assert f"{taken} exists and is not a socket (a regular file)" in str(error)
+    taken.unlink()
+    socket.socket(socket.AF_UNIX).bind(str(taken))  # a left-over socket: the daemon replaces it
+    assert load_config(str(path), {}).control.socket == str(taken)
+
+
+# -- files that are not regular files --------------------------------------------------------------
+
+def fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def sparse(path: Path, size: int = 2 * 1024 ** 3) -> Path:
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+def check_with(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """`yoloedge check` with these arguments; the timeout fails the test where the command would hang."""
+    return subprocess.run([sys.executable, "-m", "yoloedge", "check", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_a_config_path_that_is_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    path = fifo(tmp_path / "yoloedge.yaml")
+    result = check_with("-c", str(path))
+    assert result.returncode == EX_CONFIG and "Traceback" not in result.stderr, result.stderr
+    assert f"{path}: cannot read the config file: not a regular file (a FIFO)" in result.stderr
+
+
+@pytest.mark.parametrize("case", ["fifo", "utf-16", "binary", "dev-zero", "sparse"])
+def test_env_files_that_are_not_text_files_are_config_errors(tmp_path, model, case):
+    config = write(tmp_path, f"device_id: e\nmodel: {{path: {model}}}\n")
+    env = tmp_path / "yoloedge.env"
+    if case == "fifo":
+        fifo(env)
+    elif case == "utf-16":
+        env.write_bytes("CAM_PASSWORD=x\n".encode("utf-16"))
+    elif case == "binary":
+        env.write_bytes(bytes(range(256)))
+    elif case == "sparse":
+        sparse(env)
+    else:
+        env = Path("/dev/zero")
+    result = check_with("-c", str(config), "--env-file", str(env))
+    assert result.returncode == EX_CONFIG and "Traceback" not in result.stderr, result.stderr
+    words = {"fifo": "not a regular file (a FIFO)", "utf-16": "not a UTF-8 text file (byte 0)",
+             "binary": "not a UTF-8 text file (byte 128)", "dev-zero": "not a regular file (a device)",
+             "sparse": "larger than 1 MiB"}[case]
+    assert result.stderr.startswith(f"{env}: ") and words in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("case", ["fifo", "sparse", "device", "directory"])
+def test_a_labels_file_that_is_not_a_small_regular_file_is_refused_at_check(tmp_path, model, case):
+    labels = {"fifo": lambda: fifo(tmp_path / "labels.txt"), "sparse": lambda: sparse(tmp_path / "labels.txt"),
+              "device": lambda: Path("/dev/zero"), "directory": lambda: tmp_path}[case]()
+    path = write(tmp_path, f"device_id: e\nmodel:\n  path: {model}\n  labels: {labels}\n")
+    result = check_cli(path, timeout=30)
+    assert result.returncode == EX_CONFIG and "Traceback" not in result.stderr, result.stderr
+    words = {"fifo": "not a regular file (a FIFO)", "sparse": "2,147,483,648 bytes, over the bound of 1,048,576",
+             "device": "not a regular file (a device)", "directory": "not a regular file (a directory)"}[case]
+    assert f"{path}:4: model.labels: {labels}: {words}" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("case", ["fifo", "sparse", "dev-zero"])
+def test_reading_labels_never_hangs_or_exhausts_memory(tmp_path, case):
+    """The daemon and `detect --labels` read labels through this: a file that changed after the
+    check is a ModelError, in bounded memory."""
+    from yoloedge.model.labels import read_labels_file
+
+    path = {"fifo": lambda: fifo(tmp_path / "l.txt"), "sparse": lambda: sparse(tmp_path / "l.txt"),
+            "dev-zero": lambda: Path("/dev/zero")}[case]()
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelError, match=f"cannot read labels file {path}: ") as info:
+            read_labels_file(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert ("over the bound" if case == "sparse" else "not a regular file") in str(info.value)
+    assert peak < 16 * 1024 * 1024
+
+
+def test_a_model_or_camera_that_is_a_fifo_says_so(tmp_path, model):
+    pipe = fifo(tmp_path / "pipe")
+    path = write(tmp_path, f"device_id: e\nmodel: {{path: {pipe}}}\n"
+                           f"cameras: [{{name: a, url: {pipe}}}, {{name: b, url: 'file://{pipe}'}},\n"
+                           f"          {{name: c, url: /dev/null}}]\n")
+    result = check_cli(path, timeout=30)
+    assert result.returncode == EX_CONFIG, result.stderr
+    assert f"{path}:2: model.path: {pipe}: not a regular file (a FIFO)" in result.stderr, result.stderr
+    assert f"{path}:3: cameras[0].url: {pipe} is a FIFO" in result.stderr, result.stderr
+    assert f"{path}:3: cameras[1].url: {pipe} is a FIFO" in result.stderr, result.stderr
+    assert "cameras[2]" not in result.stderr  # a device node is a capture device
+    assert "not found" not in result.stderr
+
+
+@pytest.mark.shared
+def test_a_reload_of_a_config_replaced_by_a_fifo_is_rejected_and_sigterm_still_stops(tmp_path, models, mosquitto):
+    from daemon_harness import Daemon, NotifySocket, status, write_config
+
+    sock = str(tmp_path / "run" / "control.sock")
+    path = write_config(tmp_path / "yoloedge.yaml", {
+        "device_id": "edge1", "model": {"path": str(models / "yolov8n_coco_int8.onnx")}, "cameras": [],
+        "mqtt": {"host": mosquitto.host, "port": mosquitto.port, "topic_prefix": "yt"},
+        "control": {"socket": sock}, "shutdown_timeout_s": 5})
+    notify = NotifySocket(tmp_path / "notify.sock")
+    daemon = Daemon(path, notify)
+    try:
+        notify.wait_for("READY", "1", timeout=90)
+        path.unlink()
+        fifo(path)
+        daemon.signal(signal.SIGHUP)
+        notify.wait_for("READY", "1", timeout=30, count=2)
+        st = status(sock)
+        assert daemon.proc.poll() is None, daemon.log[-3000:]
+        assert st["daemon"]["generation"] == 1
+        assert "not a regular file (a FIFO)" in st["daemon"]["config_error"], st["daemon"]["config_error"]
+        assert daemon.stop(timeout=30) == 0, daemon.log[-3000:]
+    finally:
+        daemon.kill()
+        notify.close()
+    assert "Traceback" not in daemon.log

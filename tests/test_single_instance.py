@@ -16,6 +16,7 @@ import pytest
 
 from daemon_harness import Daemon, NotifySocket, status, write_config
 from yoloedge import demo
+from yoloedge.config.errors import EX_CONFIG
 from yoloedge.control.instance import AlreadyRunning, InstanceLock, lock_path
 from yoloedge.control.server import ControlServer
 from yoloedge.daemon import EXIT_ALREADY_RUNNING
@@ -123,18 +124,15 @@ def test_a_crashed_daemons_socket_and_lock_do_not_block_the_next(config, run_dir
     assert following.stop() == 0, following.log
 
 
-def test_a_daemon_without_its_socket_still_keeps_a_second_one_out(tmp_path, config, run_dir, daemons):
-    """A file in the way of the socket costs the first daemon `yoloedge-ctl`, not the instance lock:
-    it used to release the lock and run on, so a second one started beside it."""
+def test_a_file_in_the_way_of_the_socket_is_a_config_error_and_is_left_alone(tmp_path, config, run_dir, daemons):
+    """A file where the socket goes used to cost the daemon its socket and (before that) its
+    instance lock, so a second one could start beside it. It is now refused before anything
+    starts; the case of a file that appears later is covered in process (tests/test_control.py)."""
     (run_dir / "control.sock").write_text("not a socket\n")
     first = daemons(config)
-    daemons.notify.wait_for("READY", "1", timeout=60)
-    assert "exists and is not a socket" in first.log
-    second = daemons(config)
-    assert wait_exit(second, 30) == EXIT_ALREADY_RUNNING, second.log
-    assert refusal(str(run_dir / "control.sock"), first.proc.pid) in second.log
+    assert wait_exit(first, 30) == EX_CONFIG, first.log
+    assert "control.socket" in first.log and "MQTT" not in first.log, first.log
     assert (run_dir / "control.sock").read_text() == "not a socket\n", "the user's file is untouched"
-    assert first.stop() == 0, first.log
 
 
 def test_a_lock_file_that_cannot_be_created_refuses_to_start(tmp_path, mosquitto, daemons):

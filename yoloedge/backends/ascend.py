@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -44,7 +43,7 @@ from ..errors import BackendError, ModelError
 from ..model.spec import DYNAMIC, ModelMetadata, ModelSpec, TensorSpec
 from . import acl_runtime as rt
 from .acl_runtime import check, checked
-from .base import Backend, check_open_request
+from .base import Backend, check_open_request, require_model_file
 from .npu_smi import NPU_SMI
 
 log = logging.getLogger(__name__)
@@ -159,8 +158,7 @@ class AscendBackend(Backend):
             log.error("while releasing after a failed open of %s: %s", self.model_path, err)
 
     def _open(self, max_batch: int, input_sets: int, output_sets: int) -> ModelSpec:
-        if not os.path.isfile(self.model_path):
-            raise ModelError(f"model file not found: {self.model_path}")
+        require_model_file(self.model_path)
         self._process.acquire()
         self._push("release pyACL (acl.finalize when last)", self._process.release)
         self._open_device()

@@ -26,7 +26,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import BackendError
+from ..errors import BackendError, ModelError
+from ..files import regular_file_problem
 from ..model.spec import ModelSpec
 
 
@@ -95,3 +96,14 @@ def check_open_request(max_batch: int, input_sets: int, output_sets: int) -> Non
         raise BackendError(f"max_batch must be >= 1, got {max_batch}")
     if input_sets < 1 or output_sets < 1:
         raise BackendError(f"need at least one input and one output set, got {input_sets} and {output_sets}")
+
+
+def require_model_file(path: str) -> None:
+    """ModelError unless `path` is a regular file: a FIFO given as the model would block the open
+    forever, and "not found" would send the operator looking in the wrong place."""
+    problem = regular_file_problem(path)
+    if problem is None:
+        return
+    if problem.reason == "not found":
+        raise ModelError(f"model file not found: {path}")
+    raise ModelError(f"model file {problem}")

@@ -10,7 +10,6 @@ set, chunk) and kept.
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 
 import numpy as np
@@ -19,7 +18,7 @@ import onnxruntime as ort
 from ..config.model import PROVIDERS, OnnxRuntimeConfig
 from ..errors import BackendError, ModelError
 from ..model.spec import DYNAMIC, ModelSpec, TensorSpec, channels_last, normalise_shape, parse_metadata
-from .base import Backend, check_open_request, host_buffer
+from .base import Backend, check_open_request, host_buffer, require_model_file
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +108,7 @@ class OnnxRuntimeBackend(Backend):
         return self._spec
 
     def _create_session(self) -> ort.InferenceSession:
-        if not os.path.isfile(self.model_path):
-            raise ModelError(f"model file not found: {self.model_path}")
+        require_model_file(self.model_path)
         cfg = self.config
         wanted = PROVIDERS[cfg.provider]
         providers: list = []

@@ -14,8 +14,11 @@ import sys
 from typing import Mapping, TextIO
 
 from ..config.errors import EX_CONFIG, ConfigError, ConfigIssue
-from ..config.loader import DEFAULT_PATH, load_config
+from ..config.loader import DEFAULT_PATH, load_config, read_text_file
 from ..textsafe import printable
+
+#: the largest environment file read (a few KEY=VALUE lines; a certificate in one stays far below).
+MAX_ENV_FILE_BYTES = 1024 * 1024
 
 
 def add_parser(sub) -> None:
@@ -54,13 +57,10 @@ def environment(base: Mapping[str, str], env_files: list[str]) -> dict[str, str]
 
 
 def read_env_file(path: str) -> dict[str, str]:
-    """KEY=VALUE lines as in a systemd EnvironmentFile: '#' and ';' comments, optional quotes."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError as exc:
-        raise ConfigError([ConfigIssue(path, None, None, "", None,
-                                       f"cannot read the environment file: {exc.strerror or exc}")]) from None
+    """KEY=VALUE lines as in a systemd EnvironmentFile: '#' and ';' comments, optional quotes. Read
+    as the config file is (a FIFO, a device, a binary file are ConfigErrors, not a hang or a traceback)."""
+    lines = read_text_file(path, MAX_ENV_FILE_BYTES, "the environment file",
+                           "an environment file holds a few KEY=VALUE lines").splitlines()
     values = {}
     for number, line in enumerate(lines, 1):
         line = line.strip()

@@ -13,8 +13,9 @@ import re
 from typing import Any
 
 from .ascend import read_ascend_section
-from .fields import (INVALID, Boolean, Choice, Context, Integer, Number, Reader, Text, did_you_mean, mapping_or_report,
-                     plain, read_present, report_duplicate_names, report_unknown_keys, sequence_or_report)
+from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Choice, Context, Integer, Number, Reader, Text, did_you_mean,
+                     mapping_or_report, plain, read_present, report_duplicate_names, report_unknown_keys,
+                     sequence_or_report)
 from .model import PROVIDERS, OnnxRuntimeConfig
 from .schema import BACKENDS, AcceleratorConfig
 from .simulated import read_simulated_section
@@ -26,16 +27,27 @@ GRAPH_OPTIMIZATION = ("disable", "basic", "extended", "all")
 #: built-in backends other than ONNX Runtime take their settings in a section named after them.
 BACKEND_SECTIONS = tuple(b for b in BACKENDS if b != "onnxruntime")
 PLUGIN_OPTIONS_KEY = "options"
+#: bounds no deployment reaches: devices per accelerator (and their indices), frames per batch,
+#: how long a partial batch waits, how long one inference may run, failures in a row.
+MAX_DEVICES = 64
+MAX_DEVICE_INDEX = 1023
+MAX_BATCH = 256
+MAX_BATCH_TIMEOUT_MS = 60_000
+MAX_INFERENCE_TIMEOUT_S = 3600
+MAX_ERRORS = 1_000_000
+#: ONNX Runtime threads per session: each thread has its own arena (100000 took 2.2 GB RSS);
+#: a large server CPU has 192 cores, so 256 leaves room.
+MAX_INTRA_OP_THREADS = 256
 
 
 def read_devices(ctx: Context, item: Item) -> Any:
     """Device indices, one worker each; listing one twice would load the model twice on it."""
-    children = sequence_or_report(ctx, item, "device indices")
+    children = sequence_or_report(ctx, item, "device indices", MAX_DEVICES)
     if children is None:
         return INVALID
     if not children:
         return ctx.bad_value(item, "must list at least one device index", "e.g. devices: [0]")
-    indices = [Integer(ge=0)(ctx, child) for child in children]
+    indices = [Integer(ge=0, le=MAX_DEVICE_INDEX)(ctx, child) for child in children]
     if INVALID in indices:
         return INVALID
     if len(set(indices)) != len(indices):
@@ -61,12 +73,12 @@ def read_provider_options(ctx: Context, item: Item) -> Any:
 
 #: keys every accelerator may have (`backend` is read first: it decides which others apply).
 COMMON_FIELDS: dict[str, Reader] = {
-    "name": Text(topic_safe=True),
+    "name": Text(topic_safe=True, max_bytes=MAX_NAME_BYTES),
     "devices": read_devices,
-    "batch": Integer(ge=1, example=4),
-    "batch_timeout_ms": Number(ge=0, example=10),
-    "inference_timeout_s": Number(gt=0, example=10),
-    "max_consecutive_errors": Integer(ge=1, example=5),
+    "batch": Integer(ge=1, le=MAX_BATCH, example=4),
+    "batch_timeout_ms": Number(ge=0, le=MAX_BATCH_TIMEOUT_MS, example=10),
+    "inference_timeout_s": Number(gt=0, le=MAX_INFERENCE_TIMEOUT_S, example=10),
+    "max_consecutive_errors": Integer(ge=1, le=MAX_ERRORS, example=5),
     "input_buffers": Integer(ge=2, le=8, example=2),
     "preprocess_threads": Integer(ge=0, le=64, example=2),
     "post_threads": Integer(ge=0, le=64, example=2),
@@ -75,7 +87,7 @@ ONNXRUNTIME_FIELDS: dict[str, Reader] = {
     "provider": Choice(tuple(PROVIDERS)),
     "provider_options": read_provider_options,
     "allow_fallback": Boolean(),
-    "intra_op_threads": Integer(ge=0, example=4),
+    "intra_op_threads": Integer(ge=0, le=MAX_INTRA_OP_THREADS, example=4),
     "graph_optimization": Choice(GRAPH_OPTIMIZATION),
     "qdq_fusion": Boolean(),
     "io_binding": Boolean(),

@@ -10,12 +10,16 @@ synthetic camera's image is checked: it is part of the configuration, not media.
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..redact import SECRETS, schemeless_userinfo
-from .fields import (INVALID, Boolean, Context, Integer, Number, Reader, Text, did_you_mean, range_order_ok,
-                     read_fields, read_string_list, report_duplicate_names, sequence_or_report)
+from ..files import file_type
+from ..model.labels import MAX_CLASSES
+from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Context, Integer, Number, Reader, Text, did_you_mean,
+                     range_order_ok, read_fields, read_string_list, report_duplicate_names, sequence_or_report)
 from .schema import AcceleratorConfig, CameraConfig
 from .yamltree import Item
 
@@ -31,7 +35,7 @@ SYNTHETIC_HINT = "e.g. url: synthetic://1920x1080?fps=25 or synthetic://1280x720
 
 def read_camera_url(ctx: Context, item: Item) -> Any:
     """The source; a relative path is resolved from the config file's folder."""
-    url = Text()(ctx, item)
+    url = Text(max_bytes=MAX_URL_BYTES)(ctx, item)
     if url is INVALID:
         return INVALID
     SECRETS.add_url(url)  # before any check: a message about a bad URL must not quote its secrets
@@ -42,7 +46,7 @@ def read_camera_url(ctx: Context, item: Item) -> Any:
     if scheme == FILE_SCHEME:
         if not rest.startswith("/"):
             return ctx.bad_value(item, "a file:// URL needs an absolute path", "e.g. file:///srv/videos/gate.mp4")
-        return url
+        return _not_a_pipe(ctx, item, urlsplit(url).path, url)
     if scheme == SYNTHETIC_SCHEME:
         return _synthetic_url(ctx, item, url)
     if scheme not in NETWORK_SCHEMES:
@@ -57,7 +61,22 @@ def _local_path(ctx: Context, item: Item, url: str) -> Any:
     if url.strip().isdigit():
         return ctx.bad_value(item, "a camera index is not a source",
                              f"write the device: url: /dev/video{url.strip()}")
-    return url if url.startswith("/dev/") else ctx.resolve_path(url)
+    path = url if url.startswith("/dev/") else ctx.resolve_path(url)
+    return _not_a_pipe(ctx, item, path, path)
+
+
+def _not_a_pipe(ctx: Context, item: Item, path: str, value: str) -> Any:
+    """`value`, unless `path` exists and is a FIFO or a socket: OpenCV's open would wait for a
+    writer without a timeout, and a pipe cannot be reopened after a failure. Capture devices
+    (/dev/video0), files and folders pass; a path that does not exist yet passes too."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return value
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return ctx.problem(item, f"{path} is {file_type(mode)}, not a file, folder or capture device; "
+                                 f"pipes are not supported", "write the stream to a file, or serve it over RTSP")
+    return value
 
 
 def _network_url(ctx: Context, item: Item, url: str) -> Any:
@@ -96,28 +115,39 @@ def _synthetic_url(ctx: Context, item: Item, url: str) -> Any:
 def read_camera_classes(ctx: Context, item: Item) -> Any:
     if item.value is None:
         return None
-    names = read_string_list(ctx, item, "label names")
+    names = read_string_list(ctx, item, "label names", MAX_CLASSES)
     return INVALID if names is INVALID else tuple(names)
 
 
+#: the longest wait a camera key takes (see config.loader.MAX_WAIT_S), the highest frame rate
+#: (no camera delivers more), the most retries before giving up (0: never give up).
+MAX_WAIT_S = 3600
+MAX_FPS = 1000
+MAX_RETRIES = 1_000_000
+#: frames buffered per camera: decoded frames (6 MB at 1080p, 24 MB at 4K), so 100 is already
+#: 2.4 GB at 4K; a live camera keeps only the latest anyway, and a file read losslessly needs a few.
+MAX_QUEUE_SIZE = 100
+#: the longest camera URL: an RTSP URL with credentials and query is a few hundred bytes.
+MAX_URL_BYTES = 8192
+
 CAMERA_FIELDS: dict[str, Reader] = {
-    "name": Text(topic_safe=True),
+    "name": Text(topic_safe=True, max_bytes=MAX_NAME_BYTES),
     "url": read_camera_url,
     "enabled": Boolean(),
-    "fps": Number(gt=0, optional=True, example=5),
+    "fps": Number(gt=0, le=MAX_FPS, optional=True, example=5),
     "realtime": Boolean(optional=True),
     "loop": Boolean(),
     "classes": read_camera_classes,
     "min_score": Number(ge=0, le=1, optional=True, example=0.5),
-    "open_timeout_s": Number(gt=0, example=10),
-    "read_timeout_s": Number(gt=0, example=10),
+    "open_timeout_s": Number(gt=0, le=MAX_WAIT_S, example=10),
+    "read_timeout_s": Number(gt=0, le=MAX_WAIT_S, example=10),
     "decode_threads": Integer(ge=0, le=16, example=1),
-    "backoff_initial_s": Number(gt=0, example=1),
-    "backoff_max_s": Number(gt=0, example=30),
-    "max_retries": Integer(ge=0, example=0),
-    "queue_size": Integer(ge=1, example=2),
+    "backoff_initial_s": Number(gt=0, le=MAX_WAIT_S, example=1),
+    "backoff_max_s": Number(gt=0, le=MAX_WAIT_S, example=30),
+    "max_retries": Integer(ge=0, le=MAX_RETRIES, example=0),
+    "queue_size": Integer(ge=1, le=MAX_QUEUE_SIZE, example=2),
     "publish_empty": Boolean(),
-    "accelerator": Text(optional=True),
+    "accelerator": Text(optional=True, max_bytes=MAX_NAME_BYTES),
 }
 
 

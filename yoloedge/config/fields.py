@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
+from ..files import regular_file_problem
 from ..redact import SECRETS, redact, redact_value
 from .errors import IssueLog
 from .yamltree import Item
@@ -24,6 +25,23 @@ INVALID: Any = type("Invalid", (), {"__repr__": lambda self: "INVALID", "__bool_
 TOPIC_RESERVED = ("/", "+", "#")
 
 _MAX_SHOWN = 60
+
+# Every value has an upper bound: a key the operator never meant to be huge (a 1e300 timeout, a
+# 100000-frame queue, a 70,000-character name) passes nothing on to threading, OpenCV, paho or the
+# allocator that would crash, hang or exhaust the daemon later. Readers take a per-key bound; these
+# are the backstops for a reader given none.
+
+#: the maximum of a number whose key names none; below threading.TIMEOUT_MAX (about 9.2e9 s), so
+#: no duration can overflow a wait. Only sizes in bytes name a larger one.
+MAX_NUMBER = 1_000_000_000
+#: the longest string (UTF-8 bytes) a Text accepts unless its key needs more (URLs) or less (names).
+MAX_TEXT_BYTES = 4096
+#: names that become an MQTT topic level, a client id or a file name (device_id, camera and
+#: accelerator names): long enough for any naming scheme, and a topic built of them stays far
+#: below MQTT's 65,535 bytes.
+MAX_NAME_BYTES = 128
+#: the most entries of a list (cameras, devices, anchors) unless its key says otherwise.
+MAX_LIST_ITEMS = 1000
 
 Reader = Callable[["Context", Item], Any]
 
@@ -97,11 +115,12 @@ def is_whole(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Number:
-    """A real number in a range; `gt`/`ge`/`le` bound it, `optional` also allows null."""
+    """A finite real number in a range; `gt`/`ge`/`le` bound it, `optional` also allows null.
+    `le` is always set: every key names its own maximum, MAX_NUMBER is the default."""
 
     gt: float | None = None
     ge: float | None = None
-    le: float | None = None
+    le: float = MAX_NUMBER
     optional: bool = False
     example: Any = None
     integer: bool = False
@@ -111,34 +130,53 @@ class Number:
         if value is None and self.optional:
             return None
         if not self._fits(value):
-            return ctx.bad_value(item, self.requirement, example_hint(item, self.example))
+            hint = yaml11_number_hint(value) or example_hint(item, self.example)
+            return ctx.bad_value(item, self.requirement, hint)
         return int(value) if self.integer else float(value)
 
     def _fits(self, value: Any) -> bool:
-        if not is_number(value) or not math.isfinite(value) or (self.integer and not isinstance(value, int)):
+        if not is_number(value) or (isinstance(value, float) and not math.isfinite(value)):
             return False
+        if self.integer and not isinstance(value, int):
+            return False
+        # an int of 5000 digits compares exactly here; math.isfinite would raise OverflowError
         return ((self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)
-                and (self.le is None or value <= self.le))
+                and value <= self.le)
 
     @property
     def requirement(self) -> str:
         kind = "a whole number" if self.integer else "a number"
         low = self.ge if self.ge is not None else self.gt
-        if low is not None and self.le is not None:
-            text = f"must be {kind} from {_num(low)} to {_num(self.le)}"
-            if self.gt is not None:
-                text = f"must be {kind} > {_num(low)} and <= {_num(self.le)}"
-        elif self.gt is not None:
-            text = f"must be {kind} > {_num(self.gt)}"
-        elif self.ge is not None:
-            text = f"must be {kind} >= {_num(self.ge)}"
+        high = _num(self.le)
+        if self.gt is not None:
+            text = f"must be {kind} > {_num(self.gt)} and <= {high}"
+        elif low is not None:
+            text = f"must be {kind} from {_num(low)} to {high}"
         else:
-            text = f"must be {kind}"
+            text = f"must be {kind} <= {high}"
         return text + (" or null" if self.optional else "")
 
 
-def Integer(ge: int | None = None, le: int | None = None, optional: bool = False, example: Any = None) -> Number:
+def Integer(ge: int | None = None, le: int = MAX_NUMBER, optional: bool = False, example: Any = None) -> Number:
     return Number(ge=ge, le=le, optional=optional, example=example, integer=True)
+
+
+def yaml11_number_hint(value: Any) -> str | None:
+    """PyYAML follows YAML 1.1, where a float needs a '.' and a signed exponent: `5e-1` and `1e3`
+    are strings. Such a string gets told how to write the number it looks like."""
+    if not isinstance(value, str):
+        return None
+    try:
+        number = float(value.strip().replace("_", ""))
+    except ValueError:
+        return None
+    if not math.isfinite(number):
+        return None
+    text = repr(number)
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{int(exponent):+d}"
+    return f"YAML 1.1 reads {value.strip()} as text: write {text}"
 
 
 def _num(value: float) -> str:
@@ -176,13 +214,14 @@ class Choice:
 
 @dataclass(frozen=True)
 class Text:
-    """A string; `topic_safe` forbids the MQTT topic wildcards and separators (the value becomes a
-    topic level), `secret` shows the value as *** in messages."""
+    """A string of at most `max_bytes` UTF-8 bytes; `topic_safe` forbids the MQTT topic wildcards and
+    separators (the value becomes a topic level), `secret` shows the value as *** in messages."""
 
     optional: bool = False
     allow_empty: bool = False
     topic_safe: bool = False
     secret: bool = False
+    max_bytes: int = MAX_TEXT_BYTES
 
     def __call__(self, ctx: Context, item: Item) -> Any:
         value = item.value
@@ -196,6 +235,9 @@ class Text:
             return ctx.bad_value(item, "must not be empty", secret=self.secret)
         if self.secret:
             SECRETS.add_secret(value)  # so that no log line or error text can quote it
+        if len(value.encode("utf-8", "surrogatepass")) > self.max_bytes:
+            return ctx.bad_value(item, f"is longer than {self.max_bytes:,} bytes (UTF-8), the most this key "
+                                       f"takes", secret=self.secret)
         if self.topic_safe and not topic_safe(value):
             return ctx.bad_value(item, "must not contain '/', '+', '#', spaces or control characters "
                                        "(it becomes part of MQTT topics)")
@@ -208,9 +250,12 @@ def topic_safe(value: str) -> bool:
 
 @dataclass(frozen=True)
 class FilePath:
-    """A path to an existing file, relative to the config file's folder; stored resolved."""
+    """A path to an existing regular file, relative to the config file's folder; stored resolved.
+    `max_bytes` bounds files the daemon reads whole (labels), so one that would exhaust memory is a
+    config error now rather than a MemoryError at start."""
 
     optional: bool = False
+    max_bytes: int | None = None
 
     def __call__(self, ctx: Context, item: Item) -> Any:
         if item.value is None and self.optional:
@@ -219,11 +264,12 @@ class FilePath:
         if text is INVALID:
             return INVALID
         path = ctx.resolve_path(text)
-        if not os.path.exists(path):
+        problem = regular_file_problem(path, self.max_bytes)
+        if problem is None:
+            return path
+        if problem.reason == "not found":
             return ctx.problem(item, f"file not found: {path}")
-        if not os.path.isfile(path):
-            return ctx.problem(item, f"not a file: {path}")
-        return path
+        return ctx.problem(item, str(problem))
 
 
 # -- structure ---------------------------------------------------------------------------------
@@ -237,11 +283,15 @@ def mapping_or_report(ctx: Context, item: Item, optional: bool = False) -> dict 
     return None
 
 
-def sequence_or_report(ctx: Context, item: Item, what: str) -> list[Item] | None:
-    if item.is_sequence:
-        return item.value
-    ctx.bad_value(item, f"must be a list of {what}")
-    return None
+def sequence_or_report(ctx: Context, item: Item, what: str, most: int = MAX_LIST_ITEMS) -> list[Item] | None:
+    """The list's items, or None after reporting a value that is not a list or has over `most` items."""
+    if not item.is_sequence:
+        ctx.bad_value(item, f"must be a list of {what}")
+        return None
+    if len(item.value) > most:
+        ctx.problem(item, f"lists {len(item.value):,} {what}; at most {most:,} are allowed")
+        return None
+    return item.value
 
 
 def read_fields(ctx: Context, item: Item, fields: dict[str, Reader], required: Sequence[str] = ()) -> dict | None:
@@ -283,9 +333,9 @@ def read_present(ctx: Context, entries: dict, fields: dict[str, Reader]) -> dict
     return {key: reader(ctx, entries[key]) for key, reader in fields.items() if key in entries}
 
 
-def read_string_list(ctx: Context, item: Item, what: str) -> Any:
+def read_string_list(ctx: Context, item: Item, what: str, most: int = MAX_LIST_ITEMS) -> Any:
     """A non-empty list of non-empty strings."""
-    children = sequence_or_report(ctx, item, what)
+    children = sequence_or_report(ctx, item, what, most)
     if children is None:
         return INVALID
     if not children:

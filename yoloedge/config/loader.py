@@ -17,17 +17,22 @@ Decisions (see the README, Configuration):
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import stat
 from typing import Any, Mapping
 
+from ..files import FileProblem, file_type, read_bounded
+from ..model.labels import MAX_CLASSES, MAX_LABELS_BYTES
 from ..postprocess.layouts import FORMATS
+from ..redact import SECRETS
 from .accelerators import default_accelerators, read_accelerators
 from .cameras import check_camera_accelerators, read_cameras
 from .errors import ConfigError, ConfigIssue, IssueLog
-from .fields import (INVALID, Boolean, Choice, Context, FilePath, Integer, Number, Text, is_number, is_whole,
-                     mapping_or_report, range_order_ok, read_fields, read_string_list, sequence_or_report,
-                     show, topic_safe)
+from .fields import (INVALID, MAX_NAME_BYTES, MAX_TEXT_BYTES, Boolean, Choice, Context, FilePath, Integer, Number,
+                     Text, is_number, is_whole, mapping_or_report, range_order_ok, read_fields, read_string_list,
+                     sequence_or_report, show, topic_safe)
 from .model import ModelConfig
 from .schema import Config, ControlConfig, HealthConfig, LoggingConfig, MqttConfig, TlsConfig
 from .tls import TlsMaterialError, client_context
@@ -40,6 +45,18 @@ MIN_QUEUE_BYTES = 64 * 1024
 MIN_SPOOL_BYTES = 1024 * 1024
 #: the largest config file read (the example with every key explained is about 10 KiB).
 MAX_CONFIG_BYTES = 1024 * 1024
+#: the longest wait any timeout, interval or backoff key takes: an hour is already far past any
+#: sensible value, and OpenCV, paho and threading all take it without overflow.
+MAX_WAIT_S = 3600
+#: bounds of the MQTT outbox: in memory (an edge box has a few GiB), and on disk.
+MAX_QUEUE_BYTES = 1024 ** 3
+MAX_SPOOL_BYTES = 1024 ** 4
+#: the most detections kept per frame, and the largest model input side (8192: MAX_IMAGE_PIXELS).
+MAX_DETECTIONS = 100_000
+MAX_IMGSZ = 8192
+#: the longest topic prefix; with device_id and a camera name (MAX_NAME_BYTES each) a topic stays
+#: far below MQTT's 65,535 bytes.
+MAX_TOPIC_PREFIX_BYTES = 256
 
 
 def load_config(path: str, environ: Mapping[str, str]) -> Config:
@@ -55,23 +72,30 @@ def load_config(path: str, environ: Mapping[str, str]) -> Config:
 
 
 def _read_text(path: str) -> str:
-    """The file as text; at most MAX_CONFIG_BYTES are read, so a wrong path (a log, a device) or a
-    huge file cannot fill memory."""
+    """The file as text. `files.read_bounded`: a FIFO put in its place is refused, not waited on
+    (a reload or SIGTERM would hang), and a wrong path (a log, a device) or a huge file cannot fill
+    memory."""
+    return read_text_file(path, MAX_CONFIG_BYTES, "the config file", "a configuration is a few kilobytes")
+
+
+def read_text_file(path: str, max_bytes: int, what: str, typical: str) -> str:
+    """A small UTF-8 file that configures the daemon (the config, an env file), or a ConfigError
+    naming the file: missing, not a regular file, over `max_bytes`, or not UTF-8 text."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError([ConfigIssue(path, None, None, "", None,
-                                       f"cannot read the config file: {exc.strerror or exc}")]) from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError([ConfigIssue(path, None, None, "", None,
-                                       f"the file is larger than {MAX_CONFIG_BYTES // 1024 // 1024} MiB; "
-                                       f"a configuration is a few kilobytes")])
+        data = read_bounded(path, max_bytes)
+    except FileProblem as exc:
+        reason = (f"the file is larger than {_size(max_bytes)}; {typical}" if exc.too_large
+                  else f"cannot read {what}: {exc.reason}")
+        raise ConfigError([ConfigIssue(path, None, None, "", None, reason)]) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError([ConfigIssue(path, None, None, "", None,
                                        f"not a UTF-8 text file (byte {exc.start})")]) from None
+
+
+def _size(count: int) -> str:
+    return f"{count // 1024 // 1024} MiB" if count >= 1024 * 1024 else f"{count // 1024} KiB"
 
 
 # -- top level ---------------------------------------------------------------------------------
@@ -84,7 +108,7 @@ def build_config(ctx: Context, root: Item | None, source: str) -> Config | None:
         ctx.log.add(None, None, "", "the file is empty; it needs at least device_id and model.path")
         return None
     values = read_fields(ctx, root, {
-        "device_id": Text(topic_safe=True),
+        "device_id": Text(topic_safe=True, max_bytes=MAX_NAME_BYTES),
         "model": read_model,
         "accelerators": read_accelerators,
         "cameras": read_cameras,
@@ -92,7 +116,7 @@ def build_config(ctx: Context, root: Item | None, source: str) -> Config | None:
         "health": read_health,
         "control": read_control,
         "logging": read_logging,
-        "shutdown_timeout_s": Number(gt=0, example=10),
+        "shutdown_timeout_s": Number(gt=0, le=MAX_WAIT_S, example=10),
     }, required=TOP_REQUIRED)
     if values is None:
         return None
@@ -114,7 +138,7 @@ def read_model(ctx: Context, item: Item) -> Any:
         "labels": read_labels,
         "conf": Number(ge=0, le=1, example=0.25),
         "iou": Number(ge=0, le=1, example=0.45),
-        "max_det": Integer(ge=1, example=300),
+        "max_det": Integer(ge=1, le=MAX_DETECTIONS, example=300),
         "agnostic_nms": Boolean(optional=True),
         "classes": read_model_classes,
         "class_conf": read_class_conf,
@@ -133,8 +157,8 @@ def read_model(ctx: Context, item: Item) -> Any:
 def read_labels(ctx: Context, item: Item) -> Any:
     """A labels file, or the labels themselves as a list."""
     if item.value is None or isinstance(item.value, str):
-        return FilePath(optional=True)(ctx, item)
-    names = read_string_list(ctx, item, "label names")
+        return FilePath(optional=True, max_bytes=MAX_LABELS_BYTES)(ctx, item)
+    names = read_string_list(ctx, item, "label names", MAX_CLASSES)
     return INVALID if names is INVALID else tuple(names)
 
 
@@ -142,19 +166,23 @@ def read_model_classes(ctx: Context, item: Item) -> Any:
     """Labels or class ids to keep; an empty list would keep nothing, which is never meant."""
     if item.value is None:
         return None
-    children = sequence_or_report(ctx, item, "labels or class ids")
+    children = sequence_or_report(ctx, item, "labels or class ids", MAX_CLASSES)
     if children is None:
         return INVALID
     if not children:
         return ctx.bad_value(item, "must not be empty (leave it out to keep every class)")
-    keys = [child.value if is_class_key(child.value) else ctx.bad_value(child, "must be a label or a class id >= 0")
+    keys = [child.value if is_class_key(child.value) else ctx.bad_value(child, f"must be {CLASS_KEY}")
             for child in children]
     return INVALID if INVALID in keys else tuple(keys)
 
 
+CLASS_KEY = f"a label or a class id from 0 to {MAX_CLASSES - 1}"
+
+
 def is_class_key(value: Any) -> bool:
     """A label ("person") or a class id (0): how classes are named in `classes` and `class_conf`."""
-    return (isinstance(value, str) and bool(value.strip())) or (is_whole(value) and value >= 0)
+    return ((isinstance(value, str) and bool(value.strip()) and len(value) <= MAX_TEXT_BYTES)
+            or (is_whole(value) and 0 <= value < MAX_CLASSES))
 
 
 def read_class_conf(ctx: Context, item: Item) -> Any:
@@ -164,7 +192,7 @@ def read_class_conf(ctx: Context, item: Item) -> Any:
     result = {}
     for key, child in entries.items():
         if not is_class_key(key):
-            result[key] = ctx.problem(child, f"{show(key)} is not a label or a class id >= 0")
+            result[key] = ctx.problem(child, f"{show(key)} is not {CLASS_KEY}")
         else:
             result[key] = Number(ge=0, le=1, example=0.5)(ctx, child)
     return INVALID if INVALID in result.values() else result
@@ -173,14 +201,18 @@ def read_class_conf(ctx: Context, item: Item) -> Any:
 def read_imgsz(ctx: Context, item: Item) -> Any:
     """N (square) or [H, W]: the input size for models whose input axes are dynamic."""
     value = item.value
-    requirement = "must be N or [H, W] (whole numbers >= 1) or null"
+    requirement = f"must be N or [H, W] (whole numbers from 1 to {MAX_IMGSZ}) or null"
     if value is None:
         return None
-    if is_whole(value) and value >= 1:
+    if _side(value):
         return (value, value)
-    if item.is_sequence and len(value) == 2 and all(is_whole(c.value) and c.value >= 1 for c in value):
+    if item.is_sequence and len(value) == 2 and all(_side(c.value) for c in value):
         return (value[0].value, value[1].value)
     return ctx.bad_value(item, requirement, "e.g. imgsz: 640 or imgsz: [384, 640]")
+
+
+def _side(value: Any) -> bool:
+    return is_whole(value) and 1 <= value <= MAX_IMGSZ
 
 
 def read_anchors(ctx: Context, item: Item) -> Any:
@@ -198,8 +230,8 @@ def read_anchors(ctx: Context, item: Item) -> Any:
 
 def _anchor_level(ctx: Context, item: Item) -> Any:
     flat = _flattened(item) if item.is_sequence else []
-    if not flat or len(flat) % 2 or not all(is_number(v) and v > 0 for v in flat):
-        return ctx.bad_value(item, "must be a list of w,h pairs (numbers > 0)",
+    if not flat or len(flat) % 2 or not all(is_number(v) and 0 < v <= MAX_IMGSZ for v in flat):
+        return ctx.bad_value(item, f"must be a list of w,h pairs (numbers > 0 and <= {MAX_IMGSZ})",
                              "e.g. [10,13, 16,30, 33,23] or [[10,13], [16,30], [33,23]]")
     return tuple(float(v) for v in flat)
 
@@ -221,22 +253,22 @@ def read_mqtt(ctx: Context, item: Item) -> Any:
     if item.value is None:
         return MqttConfig()
     values = read_fields(ctx, item, {
-        "host": Text(),
+        "host": read_mqtt_host,
         "port": Integer(ge=1, le=65535, example=1883),
         "username": Text(optional=True),
         "password": Text(optional=True, allow_empty=True, secret=True),
         "tls": read_tls,
         "topic_prefix": read_topic_prefix,
         "qos": Integer(ge=0, le=2, example=1),
-        "client_id": Text(optional=True),
+        "client_id": Text(optional=True, max_bytes=MAX_NAME_BYTES),
         "keepalive_s": Integer(ge=1, le=65535, example=30),
         "queue_limit": Integer(ge=1, le=65000, example=10000),
-        "queue_limit_bytes": Integer(ge=MIN_QUEUE_BYTES, example=67108864),
+        "queue_limit_bytes": Integer(ge=MIN_QUEUE_BYTES, le=MAX_QUEUE_BYTES, example=67108864),
         "spool_dir": read_spool_dir,
-        "spool_limit_bytes": Integer(ge=MIN_SPOOL_BYTES, example=268435456),
-        "stats_interval_s": Number(gt=0, example=10),
-        "reconnect_min_s": Number(gt=0, example=1),
-        "reconnect_max_s": Number(gt=0, example=30),
+        "spool_limit_bytes": Integer(ge=MIN_SPOOL_BYTES, le=MAX_SPOOL_BYTES, example=268435456),
+        "stats_interval_s": Number(gt=0, le=MAX_WAIT_S, example=10),
+        "reconnect_min_s": Number(gt=0, le=MAX_WAIT_S, example=1),
+        "reconnect_max_s": Number(gt=0, le=MAX_WAIT_S, example=30),
     })
     if values is None:
         return INVALID
@@ -246,6 +278,47 @@ def read_mqtt(ctx: Context, item: Item) -> Any:
     if not range_order_ok(ctx, item.value, "reconnect_min_s", "reconnect_max_s", values):
         return INVALID
     return MqttConfig(**values)
+
+
+#: a host name (RFC 1123 labels; '_' too, as some internal DNS zones have it), which an IPv4
+#: address also is; IPv6 addresses are read by `ipaddress`.
+_HOST_NAME = re.compile(r"(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+                        r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?")
+
+
+def read_mqtt_host(ctx: Context, item: Item) -> Any:
+    """A host name, an IPv4 address or an IPv6 address (bracketed or not; returned without the
+    brackets, the form a socket takes). Nothing else: `admin:pw@broker` or `mqtt://u:p@broker`
+    would otherwise be quoted on every connection attempt and in the status. A refused value is
+    registered as a secret before it is reported, and the message never quotes it: it may hold a
+    password in any shape (`broker/psw=...`)."""
+    value = item.value
+    refused = isinstance(value, str) and _host_address(value) is None
+    if refused:  # before any message: even a message that does not quote it is logged next to others
+        SECRETS.add_url(value if "://" in value else "mqtt://" + value.lstrip("/"))
+    value = Text(secret=refused)(ctx, item)  # a string, not empty, not too long; registers it if refused
+    if value is INVALID or not refused:
+        return value if value is INVALID else _host_address(value)
+    if "@" in value or "://" in value:
+        hint = ("put the user name in mqtt.username and the password in mqtt.password "
+                "(e.g. from ${MQTT_PASSWORD}), and the port in mqtt.port")
+    else:
+        hint = "e.g. host: broker.lan, 192.0.2.10 or '[2001:db8::1]'; the port goes in mqtt.port"
+    return ctx.problem(item, "must be a host name or address, not a URL (with a user name, password, "
+                             "port or path); not repeated here, as it may hold a password", hint)
+
+
+def _host_address(text: str) -> str | None:
+    """`text` as a socket takes it when it is a host name or an IP address (IPv6 without its
+    brackets); None for anything else."""
+    if _HOST_NAME.fullmatch(text):
+        return text
+    address = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        ipaddress.IPv6Address(address)
+    except ValueError:
+        return None
+    return address
 
 
 def read_spool_dir(ctx: Context, item: Item) -> Any:
@@ -302,7 +375,7 @@ def read_tls(ctx: Context, item: Item) -> Any:
 
 
 def read_topic_prefix(ctx: Context, item: Item) -> Any:
-    prefix = Text()(ctx, item)
+    prefix = Text(max_bytes=MAX_TOPIC_PREFIX_BYTES)(ctx, item)
     if prefix is INVALID:
         return INVALID
     levels = prefix.split("/")
@@ -318,9 +391,9 @@ def read_health(ctx: Context, item: Item) -> Any:
     if item.value is None:
         return HealthConfig()
     values = read_fields(ctx, item, {
-        "stall_timeout_s": Number(gt=0, example=10),
+        "stall_timeout_s": Number(gt=0, le=MAX_WAIT_S, example=10),
         "watchdog": Boolean(),
-        "status_interval_s": Number(gt=0, example=5),
+        "status_interval_s": Number(gt=0, le=MAX_WAIT_S, example=5),
     })
     return INVALID if values is None else HealthConfig(**values)
 
@@ -340,7 +413,25 @@ def read_socket_path(ctx: Context, item: Item) -> Any:
         return ctx.bad_value(item, "must be an absolute path", "e.g. socket: /run/yoloedge/control.sock")
     if len(path.encode()) > UNIX_SOCKET_PATH_MAX:
         return ctx.bad_value(item, f"is longer than {UNIX_SOCKET_PATH_MAX} bytes, the limit for a Unix socket path")
+    problem = socket_path_problem(path)
+    if problem is not None:
+        return ctx.problem(item, problem, "remove it, or pick another path, e.g. socket: /run/yoloedge/control.sock")
     return path
+
+
+def socket_path_problem(path: str) -> str | None:
+    """Why the daemon could not create its control socket at `path`: something other than a socket
+    (a left-over socket is replaced) is in the way. Without the check the daemon would start without
+    its control socket, and `yoloedge-ctl` could not reach it. A path that cannot be looked at (a
+    folder on it is a file, no permission) is left to the daemon, which refuses to start when it
+    cannot create its instance lock there."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISSOCK(info.st_mode):
+        return None
+    return f"{path} exists and is not a socket ({file_type(info.st_mode)})"
 
 
 def read_mode(ctx: Context, item: Item) -> Any:

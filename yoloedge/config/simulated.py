@@ -24,6 +24,8 @@ from .fields import INVALID, Choice, Context, FilePath, Number, Reader, read_sec
 from .yamltree import Item
 
 INPUT_KINDS = ("host", "aipp")
+#: the longest simulated inference part (a minute: no real device is slower per batch).
+MAX_DEVICE_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,12 @@ class SimulatedConfig:
 def read_device_ms(ctx: Context, item: Item) -> Any:
     """`[base, per_frame]` in milliseconds, or one number (no per-frame part)."""
     if not item.is_sequence:
-        base = Number(ge=0, example="[4, 2]")(ctx, item)
+        base = Number(ge=0, le=MAX_DEVICE_MS, example="[4, 2]")(ctx, item)
         return INVALID if base is INVALID else (base, 0.0)
     children = sequence_or_report(ctx, item, "milliseconds")
     if children is None or len(children) != 2:
         return ctx.bad_value(item, "must be [base_ms, per_frame_ms] or one number", "e.g. device_ms: [4, 2]")
-    values = [Number(ge=0)(ctx, child) for child in children]
+    values = [Number(ge=0, le=MAX_DEVICE_MS)(ctx, child) for child in children]
     if INVALID in values:
         return INVALID
     if values[0] + values[1] <= 0:

@@ -6,10 +6,14 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import ModelError
+from ..files import FileProblem, read_bounded
 
 #: most classes a model or labels file may name; an index past it is a corrupt file, and a dense
 #: label list that long would only waste memory.
 MAX_CLASSES = 100_000
+#: the largest labels file read: 100,000 labels of ten characters. The config check refuses a larger
+#: file too (a 2 GB sparse file would otherwise pass `check` and kill the daemon with MemoryError).
+MAX_LABELS_BYTES = 1024 * 1024
 
 COCO80: tuple[str, ...] = (
     "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat",
@@ -33,9 +37,11 @@ def read_labels_file(path: str | Path) -> list[str]:
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ModelError(f"cannot read labels file {p}: {exc.strerror or exc}") from exc
+        text = read_bounded(str(p), MAX_LABELS_BYTES).decode("utf-8")
+    except FileProblem as exc:
+        raise ModelError(f"cannot read labels file {p}: {exc.reason}") from None
+    except UnicodeDecodeError as exc:
+        raise ModelError(f"labels file {p} is not UTF-8 text (byte {exc.start})") from None
     if p.suffix.lower() in (".yaml", ".yml"):
         return _labels_from_yaml(p, text)
     labels = [line.strip() for line in text.splitlines()]

@@ -17,15 +17,13 @@ named `x.jpg` is refused at open/fstat and never blocks a read.
 
 from __future__ import annotations
 
-import os
-import stat
 import struct
 from dataclasses import dataclass
 
 import cv2
 import numpy as np
 
-from .. import MAX_IMAGE_PIXELS  # 8192 x 8192: a 64 MP phone photo fits
+from .. import MAX_IMAGE_PIXELS, files  # 8192 x 8192: a 64 MP phone photo fits
 from ..errors import ImageError
 
 #: the largest image file read into memory
@@ -77,58 +75,21 @@ def read_image(path: str, limits: ImageLimits = DEFAULT_LIMITS) -> np.ndarray:
 
 
 def read_bounded(path: str, max_bytes: int) -> bytes:
-    """The bytes of the regular file at `path`, at most `max_bytes` of them.
-
-    O_NONBLOCK: opening a FIFO must not wait for a writer (and fstat then refuses it).
-    """
+    """The bytes of the regular file at `path`, at most `max_bytes` of them (`files.read_bounded`:
+    a FIFO, a device or a directory is refused, never read), as ImageError/ImageTooLarge."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except FileNotFoundError:
-        raise ImageError(f"{path}: not found") from None
-    except OSError as exc:
-        raise ImageError(f"{path}: cannot open: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ImageError(f"{path}: not a regular file ({_file_type(info.st_mode)})")
-        if info.st_size > max_bytes:
-            raise ImageTooLarge(f"{path}: {info.st_size:,} bytes, over the bound of {max_bytes:,} bytes")
-        data = _read_up_to(fd, info.st_size + 1)  # one more: a file that grew since fstat
-    except OSError as exc:
-        raise ImageError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise ImageTooLarge(f"{path}: over the bound of {max_bytes:,} bytes")
+        data = files.read_bounded(path, max_bytes)
+    except files.FileProblem as exc:
+        raise (ImageTooLarge if exc.too_large else ImageError)(str(exc)) from None
     if not data:
         raise ImageError(f"{path}: empty file")
     return data
-
-
-def _read_up_to(fd: int, count: int) -> bytes:
-    chunks: list[bytes] = []
-    left = count
-    while left > 0:
-        chunk = os.read(fd, left)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
 
 
 def _first_line(exc: BaseException) -> str:
     """OpenCV's message without its source-file prefix: `(-215:Assertion failed) pixels <= ...`."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text.split(" error: ", 1)[-1]
-
-
-def _file_type(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
-                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a file"
 
 
 # -- headers ---------------------------------------------------------------------------------------

@@ -1,0 +1,95 @@
+"""Reading small files that an operator names (config, env files, labels) without trusting what the
+path turns out to be.
+
+A path can name a FIFO (open() then waits for a writer, forever: a reload or `yoloedge check` hangs,
+and SIGTERM with it), a device (/dev/zero never ends), a directory, or a 2 GB sparse file (read
+whole, it ends in MemoryError). So every such read goes through `read_bounded`: it opens with
+O_NONBLOCK (a FIFO opens at once and is then refused), requires a regular file by fstat, and reads at
+most `max_bytes`. Symlinks are followed on purpose: /etc/yoloedge/yoloedge.yaml may be one.
+`regular_file_problem` is the same test without reading, for files checked now and read later.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from .errors import YoloedgeError
+
+
+class FileProblem(YoloedgeError):
+    """The file cannot be used; the message starts with the path. `too_large` tells a file over the
+    size bound from one that is missing, unreadable or not a regular file."""
+
+    def __init__(self, path: str, reason: str, too_large: bool = False):
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+        self.too_large = too_large
+
+
+def read_bounded(path: str, max_bytes: int) -> bytes:
+    """The bytes of the regular file at `path`; FileProblem when it is not one, or holds more than
+    `max_bytes` (also when it grew past the bound after fstat)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise FileProblem(path, "not found") from None
+    except OSError as exc:
+        raise FileProblem(path, f"cannot open: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        _check_regular(path, info, max_bytes)
+        data = _read_up_to(fd, info.st_size + 1)  # one more: a file that grew since fstat
+    except OSError as exc:
+        raise FileProblem(path, f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise FileProblem(path, f"over the bound of {max_bytes:,} bytes", too_large=True)
+    return data
+
+
+def regular_file_problem(path: str, max_bytes: int | None = None) -> FileProblem | None:
+    """Why `path` is not a readable regular file of at most `max_bytes`, or None when it is; stat
+    only, so a FIFO is never opened."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return FileProblem(path, "not found")
+    except OSError as exc:
+        return FileProblem(path, f"cannot read: {exc.strerror or exc}")
+    try:
+        _check_regular(path, info, max_bytes)
+    except FileProblem as problem:
+        return problem
+    return None
+
+
+def _check_regular(path: str, info: os.stat_result, max_bytes: int | None) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise FileProblem(path, f"not a regular file ({file_type(info.st_mode)})")
+    if max_bytes is not None and info.st_size > max_bytes:
+        raise FileProblem(path, f"{info.st_size:,} bytes, over the bound of {max_bytes:,} bytes", too_large=True)
+
+
+def _read_up_to(fd: int, count: int) -> bytes:
+    chunks: list[bytes] = []
+    left = count
+    while left > 0:
+        chunk = os.read(fd, left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def file_type(mode: int) -> str:
+    """What kind of file `mode` (from stat or lstat) describes, in words."""
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a file"
