@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -173,3 +174,30 @@ def test_wrong_format_exits_2_naming_the_shapes(model, bus):
     assert "[1, 84, 8400]" in proc.stderr
     assert "yolox" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_model_that_is_a_fifo_is_named_as_such_without_blocking(tmp_path, bus):
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)
+    proc = subprocess.run([sys.executable, "-m", "yoloedge", "detect", "-m", str(fifo), str(bus)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "not a regular file (a FIFO)" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("arg", ["rtsp://admin:D1zA D1zB@127.0.0.1/s", "admin:D1zA/D1zB@127.0.0.1/s",
+                                 "http://127.0.0.1/video.cgi?usr=admin&psw=D1zA&D1zB",
+                                 "//me:D1zA?D1zB@127.0.0.1/s"])
+def test_a_url_given_for_an_input_is_named_without_its_secrets(tmp_path, model, bus, arg):
+    """A camera URL pasted as an image, a model or a labels file: every message names it in its
+    display form (the host stays, the credentials go); the good image is still processed."""
+    proc = detect("--json", "-m", model, bus, arg)
+    assert proc.returncode == 2
+    assert "127.0.0.1" in proc.stderr and "***" in proc.stderr, proc.stderr
+    assert [r["image"] for r in json_lines(proc.stdout)] == [str(bus)]
+    for args in (("-m", arg, bus), ("--labels", arg, "-m", model, bus)):
+        refused = detect("--json", *args)
+        assert refused.returncode == 2 and "***" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr, refused.stderr
+        proc.stderr += refused.stderr
+    assert "D1z" not in proc.stdout + proc.stderr, proc.stderr

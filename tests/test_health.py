@@ -230,7 +230,7 @@ def test_tracker_is_thread_safe():
     ("rtsp://admin:secret@10.0.0.5:554/stream", "rtsp://***@10.0.0.5:554/stream"),
     ("rtsp://admin:p@ss@10.0.0.5/x", "rtsp://***@10.0.0.5/x"),
     ("rtsp://viewer@10.0.0.5/x", "rtsp://***@10.0.0.5/x"),
-    ("http://cam/x?a=b%3Ac%40d", "http://cam/x?a=b%3Ac%40d"),
+    ("http://cam/x?ch=b%3Ac%40d&a=1", "http://cam/x?ch=b%3Ac%40d&a=***"),
     ("/dev/video0", "/dev/video0"),
 ])
 def test_redact_url(url, expected):

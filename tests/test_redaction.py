@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
 import socket
 import subprocess
@@ -29,8 +30,8 @@ from yoloedge import demo
 from yoloedge.config.fields import show
 from yoloedge.control.client import request
 from yoloedge.health.logsetup import RedactingFilter, make_handler
-from yoloedge.redact import (MASK, SECRETS, SecretRegistry, is_secret_key, redact_text, redact_url, split_url,
-                             url_secrets)
+from yoloedge.redact import (MASK, SECRETS, SHOWN_KEYS, SecretRegistry, is_shown_key, redact_text, redact_url,
+                             split_url, url_secrets)
 
 PREFIX = "yr"
 DEVICE = "edge9"
@@ -45,7 +46,7 @@ MQTT_PASSWORD = "MqttQ99zA-pw"
     ("rtsp://me@mail.com:pw@cam/s", "rtsp://***@cam/s"),
     ("rtsp://admin:pa ss@cam/s", "rtsp://***@cam/s"),
     ("rtsp://admin:123/456@cam/", "rtsp://***@cam/"),
-    ("rtsp://admin:a/b?c#d@cam:8554/s?x=1", "rtsp://***@cam:8554/s?x=1"),
+    ("rtsp://admin:a/b?c#d@cam:8554/s?ch=1", "rtsp://***@cam:8554/s?ch=1"),
     ("http://cam/video.cgi?user=admin&pwd=secret", "http://cam/video.cgi?user=***&pwd=***"),
     ("http://cam/v?USER=a&PassWord=b&channel=1", "http://cam/v?USER=***&PassWord=***&channel=1"),
     ("https://cam/v?x_api_key=k&X-Api-Key=k&access_token=t", "https://cam/v?x_api_key=***&X-Api-Key=***&access_token=***"),
@@ -53,7 +54,7 @@ MQTT_PASSWORD = "MqttQ99zA-pw"
     ("http://cam/v?pwd=a&b&res=hd", "http://cam/v?pwd=***&***&res=hd"),
     ("http://cam/v?p%61ss=x", "http://cam/v?p%61ss=***"),
     ("http://cam/v?pwd=a/b#token=t", "http://cam/v?pwd=***#token=***"),
-    ("http://cam/v;jsessionid=abc?a=1", "http://cam/v;jsessionid=***?a=1"),
+    ("http://cam/v;jsessionid=abc?a=1", "http://cam/v;jsessionid=***?a=***"),
     ("rtsp://cam/user=admin_password=x_channel=1_stream=0.sdp", "rtsp://cam/user=***_password=***_channel=1_stream=0.sdp"),
     ("rtsp://u:p@[::1]:8554/s", "rtsp://***@[::1]:8554/s"),
     ("rtsp://[fe80::1%25eth0]:554/s", "rtsp://[fe80::1%25eth0]:554/s"),
@@ -62,7 +63,18 @@ MQTT_PASSWORD = "MqttQ99zA-pw"
     ("rtsp://user:@cam/s", "rtsp://***@cam/s"),
     ("rtsp://ünï:çødé€@cam/s", "rtsp://***@cam/s"),
     ("RTMP://a:b@cam/live", "RTMP://***@cam/live"),
-    ("http://cam/x?a=b%3Ac%40d&fps=5", "http://cam/x?a=b%3Ac%40d&fps=5"),
+    ("http://cam/x?a=b%3Ac%40d&fps=5", "http://cam/x?a=***&fps=5"),
+    # any name not on the allowlist, in any language or abbreviation
+    ("http://h/video.cgi?usr=admin&psw=s", "http://h/video.cgi?usr=***&psw=***"),
+    ("http://h/v?pswd=s&pword=s&code=s&digest=s", "http://h/v?pswd=***&pword=***&code=***&digest=***"),
+    ("http://h/v?access=s&otp=s&nonce=s&ticket=s", "http://h/v?access=***&otp=***&nonce=***&ticket=***"),
+    ("https://h/v?ak=s&sk=s&channel=2", "https://h/v?ak=***&sk=***&channel=2"),
+    ("http://h/v?Kennwort=s&contrasena=s&contrase%C3%B1a=s", "http://h/v?Kennwort=***&contrasena=***&contrase%C3%B1a=***"),
+    ("http://h/v?x9=s&fps=5", "http://h/v?x9=***&fps=5"),
+    ("http://h/snap.jpg?AbC123&tcp", "http://h/snap.jpg?***&tcp"),  # a bare token, a bare flag
+    ("http://h/v?x9=s&tcp", "http://h/v?x9=***&***"),  # continues the hidden value
+    ("http://h/v#s", "http://h/v#***"),
+    ("rtsp://h/psw=s/live", "rtsp://h/psw=***/***"),
     ("synthetic://640x480?fps=5&image=/srv/a.png", "synthetic://640x480?fps=5&image=/srv/a.png"),
     ("file:///srv/videos/gate.mp4", "file:///srv/videos/gate.mp4"),
     ("/dev/video0", "/dev/video0"),
@@ -85,14 +97,44 @@ def test_split_takes_the_userinfo_up_to_the_last_at_sign():
                                  "token", "access_token", "key", "apikey", "api_key", "x_api_key", "X-Api-Key",
                                  "auth", "Authorization", "sig", "signature", "secret", "client_secret",
                                  "credential", "credentials", "session", "JSESSIONID", "sid", "email",
-                                 "loginuse", "loginpas", "p%61ss"])
-def test_credential_keys(key):
-    assert is_secret_key(key)
+                                 "loginuse", "loginpas", "p%61ss", "psw", "pswd", "pword", "code", "digest",
+                                 "access", "otp", "nonce", "ticket", "ak", "sk", "Kennwort", "contrasena",
+                                 "contrase%C3%B1a", "x9", "a", "", "channelx", "rs"])
+def test_any_other_key_is_hidden(key):
+    assert not is_shown_key(key)
 
 
-@pytest.mark.parametrize("key", ["fps", "channel", "stream", "resolution", "subtype", "image", "width"])
+@pytest.mark.parametrize("key", ["fps", "channel", "stream", "resolution", "subtype", "image", "width",
+                                 "RTSP_Transport", "videocodec", "c%68annel"])
 def test_ordinary_keys(key):
-    assert not is_secret_key(key)
+    assert is_shown_key(key)
+
+
+@pytest.mark.parametrize("url", [
+    "rtsp://***@cam:554/Streaming/Channels/101?transportmode=unicast&profile=Profile_1",  # Hikvision
+    "rtsp://***@cam/cam/realmonitor?channel=1&subtype=0&unicast=true&proto=Onvif",  # Dahua, Amcrest
+    "rtsp://***@cam/axis-media/media.amp?videocodec=h264&resolution=640x480&fps=15&camera=1&compression=30",
+    "http://cam/axis-cgi/mjpg/video.cgi?resolution=320x240&camera=2&streamprofile=Balanced",  # Axis
+    "rtsp://***@cam:554/h264Preview_01_main",  # Reolink
+    "http://cam:88/cgi-bin/CGIStream.cgi?cmd=GetMJStream&usr=***&pwd=***",  # Foscam
+    "rtsp://***@cam/live.sdp?tcp",  # Vivotek
+    "rtsp://***@cam/onvif1?stream=0&streamtype=main&audio=0&video=1&trackid=2",  # ONVIF, generic
+    "udp://239.0.0.1:1234?pkt_size=1316&fifo_size=100000&overrun_nonfatal=1",  # FFmpeg options
+    "rtsp://cam/user=***_password=***_channel=1_stream=0.sdp",
+])
+def test_allowlisted_parameters_of_real_camera_urls_stay_readable(url):
+    """The display forms of real camera URL conventions: everything but the credentials readable.
+    Each one is its own display form, so nothing beyond the credentials was hidden."""
+    assert redact_url(url) == url
+    raw = url.replace("***@", "admin:Pw9@").replace("=***", "=Pw9")
+    assert redact_url(raw) == url
+
+
+def test_the_readme_lists_the_allowlist_the_code_uses():
+    text = (REPO / "README.md").read_text()
+    listed = text[text.index("The allowlist, in any case"):text.index("That covers the usual")]
+    names = {name.replace("_", "") for name in re.findall(r"`([a-z][a-z_]*)`", listed)}
+    assert names == set(SHOWN_KEYS)
 
 
 def test_url_secrets_cover_raw_and_decoded_forms():
@@ -210,6 +252,17 @@ HOSTILE = [
     Hostile("encoded_key", "http://127.0.0.1:{port}/v?p%61ss=Q24zA", ("Q24zA",)),
     Hostile("bad_percent", "rtsp://admin:Q25zA%zzQ25zB@127.0.0.1:{port}/s", ("Q25zA", "Q25zB")),
     Hostile("plus_space", "http://127.0.0.1:{mjpeg}/a.mjpg?password=Q26zA+Q26zB", ("Q26zA", "Q26zB")),
+    # names no list of credential names had: only an allowlist of harmless ones hides them all
+    Hostile("dvr_psw", "http://127.0.0.1:{mjpeg}/video.cgi?usr=U27zA&psw=Q27zA", ("U27zA", "Q27zA")),
+    Hostile("pswd_pword", "http://127.0.0.1:{port}/v.cgi?pswd=Q28zA&pword=Q28zB&channel=1", ("Q28zA", "Q28zB")),
+    Hostile("code_digest_access", "https://127.0.0.1:{port}/v?code=Q29zA&digest=Q29zB&access=Q29zC",
+            ("Q29zA", "Q29zB", "Q29zC")),
+    Hostile("otp_nonce_ticket", "https://127.0.0.1:{port}/v?otp=Q30zA&nonce=Q30zB&ticket=Q30zC",
+            ("Q30zA", "Q30zB", "Q30zC")),
+    Hostile("ak_sk", "https://127.0.0.1:{port}/v?ak=Q31zA&sk=Q31zB&fps=5", ("Q31zA", "Q31zB")),
+    Hostile("other_languages", "http://127.0.0.1:{port}/v?Kennwort=Q32zA&contrasena=Q32zB&contrase%C3%B1a=Q32zC",
+            ("Q32zA", "Q32zB", "Q32zC")),
+    Hostile("unknown_key_and_bare_token", "http://127.0.0.1:{port}/v?x9=Q33zA&channel=2&Q33zB", ("Q33zA", "Q33zB")),
 ]
 
 #: values that `check` and a reload must reject, quoting none of their secrets.
@@ -224,9 +277,14 @@ REJECTED = [
     ("gopher://u:R8zA R8zB@cam/?token=R8zC", ("R8zA", "R8zB", "R8zC")),
     ("admin:R9zA@127.0.0.1/stream", ("R9zA",)),  # scheme forgotten
     ("//me:R10zA/R10zB@127.0.0.1/stream", ("R10zA", "R10zB")),
+    ("rtmp://127.0.0.1/live?psw=R11zA&Kennwort=R11zB", ("R11zA", "R11zB")),
 ]
 
-MARKERS = [m for h in HOSTILE for m in h.markers] + [m for _, ms in REJECTED for m in ms] + [MQTT_PASSWORD, "Q99zA"]
+#: an mqtt.host that is a URL with credentials: refused, and the whole value registered as secret.
+BAD_MQTT_HOST = "admin:H1zA@127.0.0.1"
+
+MARKERS = ([m for h in HOSTILE for m in h.markers] + [m for _, ms in REJECTED for m in ms]
+           + [MQTT_PASSWORD, "Q99zA", "H1zA"])
 
 
 def leaks(text: str) -> list[str]:
@@ -312,10 +370,11 @@ def mjpeg():
 
 
 def rejected_config(config: dict) -> dict:
-    """`config` with each REJECTED url on a camera of its own and a bad value next to a hostile one."""
+    """`config` with each REJECTED url on a camera of its own, a bad value next to a hostile one,
+    and BAD_MQTT_HOST."""
     bad = [{"name": f"rejected{i}", "url": url} for i, (url, _) in enumerate(REJECTED)]
     neighbour = dict(config["cameras"][0], name="neighbour", fps=-1)
-    return dict(config, cameras=config["cameras"] + bad + [neighbour])
+    return dict(config, cameras=config["cameras"] + bad + [neighbour], mqtt=dict(config["mqtt"], host=BAD_MQTT_HOST))
 
 
 def test_no_output_channel_shows_a_secret(tmp_path, mosquitto_factory, mjpeg):
@@ -346,6 +405,7 @@ def test_no_output_channel_shows_a_secret(tmp_path, mosquitto_factory, mjpeg):
         for i in range(len(REJECTED)):
             assert f"cameras[{len(HOSTILE) + i}].url" in checked.stderr, checked.stderr
         assert f"cameras[{len(HOSTILE) + len(REJECTED)}].fps" in checked.stderr
+        assert "mqtt.host" in checked.stderr
 
         path.write_text(bad_path.read_text())
         daemon.signal(signal.SIGHUP)
@@ -380,3 +440,61 @@ def test_no_output_channel_shows_a_secret(tmp_path, mosquitto_factory, mjpeg):
     assert len(live.messages(stats_topic)) >= 2
     found = {channel: leaks(text) for channel, text in channels.items() if leaks(text)}
     assert not found, found
+
+
+# --- mqtt.host: a host, nothing else -------------------------------------------------------------
+
+@pytest.mark.parametrize("host, markers", [
+    ("admin:H2zA@127.0.0.1", ("H2zA",)),
+    ("mqtt://u:H3zA@broker.lan:1883", ("H3zA",)),
+    ("broker.lan/psw=H4zA", ("H4zA",)),
+    ("H5zA H5zB@broker", ("H5zA", "H5zB")),
+    ("broker:1883", ()),
+    ("[::1]:1883", ()),
+    ("-broker", ()),
+])
+def test_mqtt_host_that_is_not_a_host_exits_78_without_echo(tmp_path, host, markers):
+    path = write_config(tmp_path / "c.yaml", {"device_id": "e", "model": {"path": str(demo.MODEL)},
+                                              "mqtt": {"host": host}})
+    checked = check(path)
+    assert checked.returncode == 78, checked.stderr
+    assert f"{path}:" in checked.stderr and "mqtt.host" in checked.stderr, checked.stderr
+    assert "mqtt.username" in checked.stderr or "mqtt.port" in checked.stderr, checked.stderr
+    assert host not in checked.stdout + checked.stderr
+    assert not [m for m in markers if m in checked.stdout + checked.stderr], checked.stderr
+
+
+def test_a_refused_mqtt_host_is_scrubbed_from_later_log_lines(tmp_path):
+    """A rejected reload is logged by the running daemon; anything that quotes the refused value
+    afterwards (paho, a traceback) goes through the log filter, which must know it."""
+    from yoloedge.config.errors import ConfigError
+    from yoloedge.config.loader import load_config
+
+    path = write_config(tmp_path / "c.yaml", {"device_id": "e", "model": {"path": str(demo.MODEL)},
+                                              "mqtt": {"host": "operator:H6zA H6zB@127.0.0.1"}})
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(path), {})
+    assert "H6z" not in str(caught.value)
+    record = logging.makeLogRecord({"msg": "connecting to %s failed; password %s",
+                                    "args": ("operator:H6zA H6zB@127.0.0.1:1883", "H6zA H6zB")})
+    assert RedactingFilter().filter(record)
+    assert "H6z" not in record.getMessage() and MASK in record.getMessage(), record.getMessage()
+
+
+@pytest.mark.parametrize("host, expected", [
+    ("broker.lan", "broker.lan"), ("127.0.0.1", "127.0.0.1"), ("::1", "::1"), ("[2001:db8::1]", "2001:db8::1"),
+    ("fe80::1%eth0", "fe80::1%eth0"), ("mqtt_broker.", "mqtt_broker."), ("localhost", "localhost"),
+])
+def test_mqtt_host_names_and_addresses_are_taken(tmp_path, host, expected):
+    from yoloedge.config.loader import load_config
+
+    path = write_config(tmp_path / "c.yaml", {"device_id": "e", "model": {"path": str(demo.MODEL)},
+                                              "mqtt": {"host": host}})
+    assert load_config(str(path), {}).mqtt.host == expected
+
+
+def test_verify_names_a_missing_url_input_without_its_secrets():
+    from yoloedge.verify import read_inputs
+
+    problems = read_inputs(["rtsp://admin:V1zA@127.0.0.1/s", "admin:V2zA@127.0.0.1/s"], 1).problems
+    assert problems == ["not found: rtsp://***@127.0.0.1/s", "not found: ***@127.0.0.1/s"]

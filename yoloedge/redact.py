@@ -8,9 +8,13 @@ Camera URLs carry credentials in shapes that no single pattern recognises: `rtsp
   '@', '/', '?', '#', ':' or spaces unencoded) and the whole of it is shown as `***`: a user name can
   be an e-mail address or a token, and which account a camera uses is in the config file;
 - a port that is not a number (`rtsp://admin:secret` with the host forgotten) is shown as `***`;
-- in the path, query and fragment, the value of every credential-like parameter (`pwd=`, `X-Api-Key=`,
-  `access_token=`... see `is_secret_key`) is shown as `***`, and so are the pieces without '=' that
-  follow it (a password holding '&' or '#').
+- in the path, query and fragment, a parameter's value is shown only when its name is on the
+  allowlist of harmless stream parameters (`channel=1`, `subtype=0`, `rtsp_transport=tcp`... see
+  `SHOWN_KEYS`); every other value is `***`, and so are the pieces without '=' that follow it (a
+  password holding '&' or '#'). A list of credential names can never be complete (`psw=`,
+  `Kennwort=`, `ak=`, `x9=`): a list of what is harmless can. Names stay visible: they tell the
+  operator which parameter to look at. In the query and fragment a piece without '=' (`?tcp`) is
+  shown only when it is itself on the allowlist (`?AbC123` may be a token).
 
 The price: an '@' in a path or query (`?mail=a@b`) hides everything before it; write it `%40`.
 
@@ -45,25 +49,39 @@ _PATH_SEPARATORS = re.compile(r"([/&;]|_(?=[A-Za-z][A-Za-z0-9]*=))")
 #: where parameters split in a query or fragment; '/' is not one (`?pwd=a/b` is one value).
 _QUERY_SEPARATORS = re.compile(r"([&;?#])")
 
-#: a normalised key (lower case, letters and digits only) that contains one of these is secret...
-_SECRET_PARTS = ("pas", "pwd", "secret", "token", "auth", "cred", "sign", "sess", "apikey", "login",
-                 "cookie", "bearer", "jwt", "hmac", "private")
-#: ...and so is one that ends with one of these (`x_api_key`, `ticket_sig`, `email`)...
-_SECRET_ENDINGS = ("user", "usr", "username", "key", "sig", "sid", "pin", "hash", "mail", "account",
-                   "acct")
-#: ...or is one of these.
-_SECRET_KEYS = ("u", "p", "pw")
+#: the parameters whose values are shown, normalised (see `_normalise`): stream selection, codec,
+#: picture and transport options of Hikvision, Dahua/Amcrest, Axis (VAPIX), Reolink, Foscam,
+#: Vivotek, ONVIF and FFmpeg URLs, and the synthetic source. A value of any other parameter is `***`.
+SHOWN_KEYS = frozenset(_key.replace("_", "") for _key in (
+    # which camera, channel and stream
+    "channel", "channels", "ch", "chn", "channelid", "camera", "cam", "stream", "streamtype", "streamprofile",
+    "subtype", "profile", "media", "track", "trackid", "video", "audio",
+    # picture and codec
+    "resolution", "res", "width", "height", "fps", "framerate", "bitrate", "quality", "compression",
+    "codec", "videocodec", "audiocodec", "videoencoder", "format", "type", "mode", "rotation", "rotate",
+    "mirror", "flip", "gop", "keyframe", "squarepixel",
+    # transport
+    "transport", "transportmode", "rtsp_transport", "proto", "protocol", "unicast", "multicast", "tcp",
+    "udp", "http", "rtp", "timeout", "buffer_size", "pkt_size", "fifo_size", "overrun_nonfatal",
+    # what a CGI is asked for (Foscam `cmd=GetMJStream`, mjpg-streamer `action=stream`)
+    "cmd", "action",
+    # the synthetic test source
+    "image",
+))
 
 
-def is_secret_key(key: str) -> bool:
-    """Whether a parameter named `key` holds a credential; any spelling (`X-API-Key`, `p%61ssword`).
+def _normalise(key: str) -> str:
+    """`X-Api-Key`, `x_api_key` and `p%61ss` compare as `xapikey` and `pass`."""
+    return "".join(c for c in unquote_plus(key).lower() if c.isalnum())
 
-    Wide on purpose: hiding a harmless value costs an operator a look at the config file, showing
+
+def is_shown_key(key: str) -> bool:
+    """Whether the value of a URL parameter named `key` may be shown; any spelling (`RTSP_Transport`).
+
+    Narrow on purpose: hiding a harmless value costs an operator a look at the config file, showing
     a secret cannot be undone.
     """
-    norm = "".join(c for c in unquote_plus(key).lower() if c.isalnum())
-    return (norm in _SECRET_KEYS or any(part in norm for part in _SECRET_PARTS)
-            or norm.endswith(_SECRET_ENDINGS))
+    return _normalise(key) in SHOWN_KEYS
 
 
 @dataclass(frozen=True)
@@ -115,7 +133,8 @@ def _port_is_secret(port: str | None) -> bool:
 
 
 def redact_url(url: str) -> str:
-    """The display form of `url`: userinfo, a non-numeric port and credential parameters as `***`.
+    """The display form of `url`: userinfo, a non-numeric port and parameter values not on the
+    allowlist (`is_shown_key`) as `***`.
 
     A string that is not `scheme://...` (a file path, /dev/video0) is returned as it is. Applying
     it twice gives the same result, so a display form can safely be redacted again.
@@ -166,29 +185,32 @@ def _split_rest(rest: str) -> tuple[str, str]:
 
 def _redact_rest(rest: str) -> str:
     path, query = _split_rest(rest)
-    return _redact_params(path, _PATH_SEPARATORS) + _redact_params(query, _QUERY_SEPARATORS)
+    return _redact_params(path, _PATH_SEPARATORS, False) + _redact_params(query, _QUERY_SEPARATORS, True)
 
 
-def _secret_values(text: str, separators: re.Pattern) -> Iterable[tuple[int, str]]:
-    """(index into the split pieces, secret value) for each credential value in `text`.
+def _secret_values(text: str, separators: re.Pattern, bare_is_value: bool) -> Iterable[tuple[int, str]]:
+    """(index into the split pieces, hidden value) for each value in `text` not shown (`is_shown_key`).
 
-    A piece without '=' right after a secret value continues it (`pwd=a&b` for the password `a&b`).
+    A piece without '=' right after a hidden value continues it (`pwd=a&b` for the password `a&b`).
+    Elsewhere it is a path segment (shown), or with `bare_is_value` (a query or fragment) a value
+    of its own, shown only when it is an allowlisted name (`?tcp`, not `?AbC123`).
     """
     pieces = separators.split(text)
     in_secret = False
     for index in range(0, len(pieces), 2):  # odd indexes are the separators themselves
-        key, eq, value = pieces[index].partition("=")
+        piece = pieces[index]
+        key, eq, value = piece.partition("=")
         if eq:
-            in_secret = is_secret_key(key)
+            in_secret = not is_shown_key(key)
             if in_secret and value:
                 yield index, value
-        elif in_secret and pieces[index]:
-            yield index, pieces[index]
+        elif piece and (in_secret or (bare_is_value and not is_shown_key(piece))):
+            yield index, piece
 
 
-def _redact_params(text: str, separators: re.Pattern) -> str:
+def _redact_params(text: str, separators: re.Pattern, bare_is_value: bool) -> str:
     pieces = separators.split(text)
-    for index, value in _secret_values(text, separators):
+    for index, value in _secret_values(text, separators, bare_is_value):
         piece = pieces[index]
         pieces[index] = piece[:len(piece) - len(value)] + MASK
     return "".join(pieces)
@@ -198,8 +220,10 @@ def url_secrets(url: str) -> list[tuple[str, str]]:
     """(text, replacement) pairs that hide the secrets of `url` wherever they appear verbatim.
 
     The raw URL becomes its display form (so a message that quotes it still names the host); its
-    userinfo, password, a non-numeric port and credential parameter values become `***`, also in
-    their percent-decoded forms (FFmpeg and OpenCV messages may show the decoded URL).
+    userinfo, password, a non-numeric port and every hidden parameter value become `***`, also in
+    their percent-decoded forms (FFmpeg and OpenCV messages may show the decoded URL). Values of
+    allowlisted parameters are never registered, so `main` or `tcp` is not scrubbed from every log
+    line; a hidden value shorter than MIN_LITERAL_LENGTH is not either.
     """
     parts = split_url(url)
     if parts is None:
@@ -216,8 +240,8 @@ def url_secrets(url: str) -> list[tuple[str, str]]:
     if _port_is_secret(parts.port):
         secrets.append(parts.port or "")
     path, query = _split_rest(parts.rest)
-    for text, separators in ((path, _PATH_SEPARATORS), (query, _QUERY_SEPARATORS)):
-        secrets.extend(value for _, value in _secret_values(text, separators))
+    for text, separators, bare_is_value in ((path, _PATH_SEPARATORS, False), (query, _QUERY_SEPARATORS, True)):
+        secrets.extend(value for _, value in _secret_values(text, separators, bare_is_value))
     safe = redact_value(url)
     pairs = [(form, safe) for form in _forms([url])] if safe != url else []
     pairs.extend((form, MASK) for form in _forms(secrets) if len(form) >= MIN_LITERAL_LENGTH)

@@ -30,6 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import ImageError
+from .redact import redact_value
 from .sources.capture import (IMAGE_SUFFIXES, SourceError, SourceKind, list_images, local_path, open_source,
                               source_kind)
 from .sources.imagesize import read_image
@@ -446,7 +447,7 @@ def read_inputs(paths: Sequence[str], frames_per_video: int) -> Frames:
             for f in files:
                 _read_image(f, out)
         elif not p.exists():
-            out.problems.append(f"not found: {arg}")
+            out.problems.append(f"not found: {redact_value(arg)}")  # maybe a camera URL, password and all
         elif p.suffix.lower() in IMAGE_SUFFIXES:
             _read_image(arg, out)
         else:
@@ -469,7 +470,7 @@ def camera_inputs(cameras: Sequence, frames_per_camera: int) -> Frames:
             out.skipped.append(f"{cam.name}: a live source ({kind.value})")
             continue
         if not os.path.exists(local_path(cam.url)):
-            out.problems.append(f"camera {cam.name}: not found: {local_path(cam.url)}")
+            out.problems.append(f"camera {cam.name}: not found: {redact_value(local_path(cam.url))}")
             continue
         _read_video(local_path(cam.url), f"{cam.name}", frames_per_camera, out)
     return out

@@ -9,6 +9,7 @@ import cv2
 import numpy as np
 
 from ..errors import YoloedgeError
+from ..redact import SECRETS, redact_text, redact_value
 from ..sources.imagesize import read_image
 
 
@@ -46,17 +47,29 @@ def _frame(path: str | None, width: int, height: int) -> np.ndarray:
     return cv2.resize(img, (width, height), interpolation=cv2.INTER_LINEAR)
 
 
+def _register(args: argparse.Namespace) -> None:
+    """The secrets of a URL given for a path, registered before any message can quote it."""
+    for arg in (args.model, args.image):
+        if arg:
+            SECRETS.add_url(arg)
+
+
+def _complain(exc: Exception) -> int:
+    print(redact_text(f"yoloedge bench: {exc}"), file=sys.stderr)
+    return 2
+
+
 def run_micro(args: argparse.Namespace) -> int:
     from ..bench.micro import bench_decode_nms, bench_letterbox, format_table
     from ..config import ModelConfig
     from ..detector import open_detector
 
+    _register(args)
     try:
         frame = _frame(args.image, args.width, args.height)
         det = open_detector(ModelConfig(path=args.model, conf=0.25))
     except YoloedgeError as exc:
-        print(f"yoloedge bench: {exc}", file=sys.stderr)
-        return 2
+        return _complain(exc)
     if det.layout.format != "v8" or det.input.height != 640:
         print("yoloedge bench micro: needs a v8-layout model with a 640 input", file=sys.stderr)
         return 2
@@ -74,11 +87,11 @@ def run_micro(args: argparse.Namespace) -> int:
 def run_model(args: argparse.Namespace) -> int:
     from ..bench.micro import bench_model, format_table
 
+    _register(args)
     try:
         frame = _frame(args.image, 1920, 1080) if not args.image else read_image(args.image)
         rows = bench_model(args.model, frame, args.repeat, args.threads)
     except YoloedgeError as exc:
-        print(f"yoloedge bench: {exc}", file=sys.stderr)
-        return 2
-    print(format_table(f"{args.model}: whole pipeline vs bare runtime ({args.repeat} runs)", rows))
+        return _complain(exc)
+    print(format_table(f"{redact_value(args.model)}: whole pipeline vs bare runtime ({args.repeat} runs)", rows))
     return 0

@@ -4,6 +4,10 @@ One JSON line per image with --json (for scripts and the parity tooling), a tabl
 A missing, undecodable or oversized image (see `yoloedge.sources.imagesize`) is reported and
 skipped; the exit code is then 2. A model that cannot be loaded stops the command at once with
 exit code 2. Labels and file names are shown with control characters escaped (`textsafe`).
+
+An argument may be a camera URL pasted by mistake (`rtsp://admin:pw@cam/s`, or `admin:pw@cam/s`
+without its scheme): its secrets are registered before anything is read, and every message and
+record shows inputs in their display form (`yoloedge.redact`), never the password.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import numpy as np
 from ..config import ModelConfig, OnnxRuntimeConfig, PROVIDERS
 from ..errors import ImageError, YoloedgeError
 from ..postprocess import FORMATS
+from ..redact import SECRETS, redact_text, redact_value
 from ..sources.imagesize import read_image
 from ..textsafe import printable
 
@@ -56,6 +61,9 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     from ..detector import open_detector
 
+    for arg in (*args.images, args.model, args.labels):
+        if arg:
+            SECRETS.add_url(arg)  # before any message: one may quote the argument in any form
     if not 0 <= args.conf <= 1 or not 0 <= args.iou <= 1:
         print("yoloedge detect: --conf and --iou must lie between 0 and 1", file=err)
         return 2
@@ -77,7 +85,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
                                  OnnxRuntimeConfig(provider=args.provider, device_id=args.device_id),
                                  max_batch=args.batch)
     except YoloedgeError as exc:
-        print(printable(f"yoloedge detect: {exc}", keep_newlines=True), file=err)
+        print(printable(redact_text(f"yoloedge detect: {exc}"), keep_newlines=True), file=err)
         return 2
     failed = 0
     try:
@@ -88,7 +96,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
                 continue
             results = detector.detect([img for _, img in good])
             for (name, _), dets in zip(good, results):
-                record = {"image": name, "width": dets.width, "height": dets.height,
+                record = {"image": redact_value(name), "width": dets.width, "height": dets.height,
                           "detections": dets.to_dicts(detector.labels)}
                 out.write(json.dumps(record) + "\n" if args.json else _table(record))
                 out.flush()
@@ -104,7 +112,7 @@ def _images(paths: list[str], err: TextIO) -> Iterator[tuple[str, np.ndarray | N
         if p.is_dir():
             files = sorted(f for f in p.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
             if not files:
-                print(printable(f"yoloedge detect: no images in folder {arg}"), file=err)
+                _complain(f"no images in folder {arg}", err)
                 yield arg, None
             for f in files:
                 yield from _read(str(f), err)
@@ -116,10 +124,15 @@ def _read(name: str, err: TextIO) -> Iterator[tuple[str, np.ndarray | None]]:
     try:
         img = read_image(name)
     except ImageError as exc:
-        print(printable(f"yoloedge detect: {exc}"), file=err)
+        _complain(str(exc), err)
         yield name, None
         return
     yield name, img
+
+
+def _complain(message: str, err: TextIO) -> None:
+    """A message about an input: no secret of a registered argument, no control character."""
+    print(printable(redact_text(f"yoloedge detect: {message}")), file=err)
 
 
 def _batches(items, size):

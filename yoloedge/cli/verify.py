@@ -23,6 +23,7 @@ from ..config.loader import DEFAULT_PATH, load_config
 from ..config.model import ModelConfig, OnnxRuntimeConfig
 from ..config.schema import Config
 from ..errors import YoloedgeError
+from ..redact import redact_value
 from ..verify import Frames, Report, camera_inputs, read_inputs, run_both, style_notes
 
 EXIT_AGREE = 0
@@ -88,7 +89,7 @@ def source_onnx(config: Config, given: str | None) -> str:
     config file), else the configured model itself when it is an ONNX file."""
     if given:
         if not os.path.isfile(given):
-            raise InputProblem(f"source ONNX not found: {given}")
+            raise InputProblem(f"source ONNX not found: {redact_value(given)}")
         return given
     acc = config.accelerators[0]
     configured = acc.options.get("source_onnx")
