@@ -374,3 +374,37 @@ def test_a_dry_run_on_the_simulated_device_publishes_the_models_real_detections(
     assert worker["backend"] == "simulated" and worker["busy_s"] > 0 and worker["healthy"]
     assert "simulated device 0" in worker["description"]
     assert daemon.stop() == 0
+
+
+def test_stop_with_every_card_hung_is_bounded_by_one_shutdown_timeout(tmp_path, models, media, mosquitto,
+                                                                      notify, start_daemon):
+    """Workers used to be joined one after another with the whole remaining time each, so four cards
+    hung while reopening stretched a 3 s stop to 12 s and more: past TimeoutStopSec with defaults."""
+    hang, fail = tmp_path / "hang", tmp_path / "fail"
+    config = base_config(tmp_path, models, mosquitto, [
+        {"name": "door", "url": str(media / "indoor_people_480p_mpeg4.avi"), "loop": True, "fps": 20},
+    ], shutdown_timeout_s=3)
+    config["accelerators"] = [{"backend": "blocking_backend:BlockingBackend", "devices": [0, 1, 2, 3],
+                               "batch": 1, "inference_timeout_s": 60, "max_consecutive_errors": 1,
+                               "options": {"hang_file": str(hang), "fail_file": str(fail)}}]
+    daemon, _ = start_daemon(config)
+    notify.wait_for("READY", "1", timeout=60)
+    sock = config["control"]["socket"]
+
+    def states() -> list[str]:
+        return [a["state"] for a in status(sock)["accelerators"]]
+
+    fail.touch()  # every card fails and is let go ...
+    deadline = time.monotonic() + 60
+    while not all(s in ("backoff", "restarting") for s in states()):
+        assert time.monotonic() < deadline, states()
+        time.sleep(0.1)
+    hang.touch()  # ... and its reopening hangs in the warm-up
+    while states() != ["restarting"] * 4:
+        assert time.monotonic() < deadline, states()
+        time.sleep(0.2)
+    started = time.monotonic()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.proc.wait(60) == 0, daemon.log[-4000:]
+    # 3 s for everything, plus the noise of a loaded machine; the old code took over 12 s.
+    assert time.monotonic() - started < 9, daemon.log[-4000:]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from ..backends import backend_config_for, create_backend
 from ..backends.base import Backend
@@ -106,19 +107,25 @@ class AcceleratorGroup:
         for p in self.preparers:
             p.stop()
         self.batcher.close()
+        deadline = time.monotonic() + timeout  # one bound for all: not `timeout` per thread
         for p in self.preparers:
-            p.join(timeout)
+            p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
                 log.error("%s did not stop within %.1f s", p.name, timeout)
 
     def stop_workers(self, timeout: float) -> None:
+        """Stop every device worker within `timeout` in all: joined one after another with what
+        is left, so four hung cards cannot stretch a 10 s stop to 40 s (past TimeoutStopSec)."""
         for w in self.workers:
             w.stop()
         self.batcher.close()
+        deadline = time.monotonic() + timeout
         for w in self.workers:
-            w.join(timeout)
+            w.join(max(0.0, deadline - time.monotonic()))
             if w.is_alive():
-                log.error("%s did not stop within %.1f s (device call hung?)", w.worker_name, timeout)
+                # It may be fine itself and wait for a batch that a hung sibling holds.
+                log.error("%s did not stop within %.1f s (its device call, or one it waits for, hung?)",
+                          w.worker_name, timeout)
             elif w.hung_calls:
                 log.warning("%s: %d abandoned device call(s) never returned", w.worker_name, w.hung_calls)
 
