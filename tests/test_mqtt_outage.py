@@ -703,3 +703,22 @@ def test_spool_directory_replaced_by_a_file_falls_back_to_memory_then_spools_aga
     assert _wait(lambda: pub.stats()["queued"] == 0 and pub.stats()["spooled"] == 0, 10)
     assert pub.stats()["dropped"] == 30
     assert not [r for r in caplog.records if r.exc_info], "no traceback"
+
+
+def test_two_clients_with_one_client_id_are_reported_as_unstable(mosquitto, make_publisher, caplog):
+    """Two daemons with the same device_id: the broker hands the client id to whichever connected
+    last and drops the other, again and again. It used to show as "problems: none"."""
+    caplog.set_level(logging.DEBUG, logger="yoloedge")
+    clock = _Clock()  # stands still: every lost connection is short-lived until the test moves it
+    first = make_publisher(mosquitto.host, mosquitto.port, clock=clock)
+    assert first.wait_connected(10)
+    twin = make_publisher(mosquitto.host, mosquitto.port, clock=clock)  # same device id: same client id
+    assert _wait(lambda: first.stats()["unstable"], 30), first.stats()
+    assert f"client id {first.client_id!r}" in first.stats()["last_error"]
+    assert len(_warnings(caplog, "within 10 s of accepting it")) <= 2  # once per publisher
+    twin.stop(timeout_s=1.0, final_status=None)
+    assert first.wait_connected(10)
+    assert first.stats()["unstable"], "a connection that has not lasted yet proves nothing"
+    clock.now += 61  # the connection lasted: the report ends
+    stats = first.stats()
+    assert not stats["unstable"] and stats["last_error"] is None and stats["connected"], stats

@@ -519,6 +519,9 @@ class Daemon:
         elif mqtt is not None and mqtt.get("ack_stalled"):  # connected, yet nothing arrives
             problems.append(Problem("mqtt", "connected, but the broker does not acknowledge "
                                             "messages (see mqtt.last_error)"))
+        if mqtt is not None and mqtt.get("unstable"):  # e.g. a client id taken over again and again
+            problems.append(Problem("mqtt", "the broker keeps closing the connection right after "
+                                            "accepting it (see mqtt.last_error)"))
         if self.config_error:
             problems.append(Problem("config", "the last reload was rejected (configuration error)"))
         return problems

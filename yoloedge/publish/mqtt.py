@@ -100,6 +100,11 @@ SPOOL_SYNC_INTERVAL_S = 1.0
 FLAP_WINDOW_S = 60.0
 #: messages unacknowledged this long (or two keep-alive intervals, if longer) are a problem.
 ACK_STALL_MIN_S = 30.0
+#: a connection the broker closes within this many seconds of accepting it counts as short-lived;
+#: SHORT_LIVED_LIMIT of them within FLAP_WINDOW_S make the connection "unstable" (a daemon
+#: problem): typically another client with the same client id, which the broker lets take over.
+SHORT_LIVED_S = 10.0
+SHORT_LIVED_LIMIT = 3
 _MAX_TOPIC_BYTES = 65535
 _MAX_PAYLOAD_BYTES = 268435455
 
@@ -205,6 +210,9 @@ class MqttPublisher:
         self._lost_logged_at: float | None = None  # when a lost connection was last warned about
         self._flaps = 0  # lost connections since then, not yet reported
         self._flap_reason = ""
+        self._connected_at: float | None = None
+        self._short_lived: list[float] = []  # when the recent short-lived connections were lost
+        self._unstable: str | None = None  # the last_error that reports them (see SHORT_LIVED_S)
         self._connect_quiet = False  # the last loss was not logged: neither is the reconnect
         self._last_ack_at = 0.0
         self._pending_since: dict[int, float] = {}  # mid -> when it was handed to paho
@@ -605,6 +613,7 @@ class MqttPublisher:
         or in the spool); queued_bytes = payload bytes of those held in memory; ack_stalled =
         connected, but the broker does not acknowledge (see `_check_acks`)."""
         self._check_acks()
+        self._check_stable()
         with self._lock:
             return {
                 "connected": self._connected,
@@ -617,6 +626,7 @@ class MqttPublisher:
                 "reconnects": self._reconnects,
                 "last_error": self._last_error,
                 "ack_stalled": self._ack_stall is not None,
+                "unstable": self._unstable is not None,
                 "broker": self.broker,
             }
 
@@ -640,6 +650,7 @@ class MqttPublisher:
                 if self._connects:
                     self._reconnects += 1
                 self._connects += 1
+                self._connected_at = self._clock()
             replayed = self._replay(client)
             with self._lock:
                 self._ready = True
@@ -734,8 +745,9 @@ class MqttPublisher:
         message = f"connection to {self.broker} lost: {reason}; reconnecting"
         now = self._clock()
         summary = None
+        unstable = self._note_short_lived(now)
         with self._lock:
-            self._last_error = message
+            self._last_error = unstable or message
             quiet = (self._lost_logged_at is not None
                      and now - self._lost_logged_at < FLAP_WINDOW_S)
             if quiet:
@@ -756,6 +768,34 @@ class MqttPublisher:
                            summary, reason)
         else:
             logger.warning("MQTT: %s", message)
+
+    def _note_short_lived(self, now: float) -> str | None:
+        """The "unstable" report when the broker keeps closing connections it just accepted; the
+        first report is logged. Cleared by `_check_stable` once a connection lasts."""
+        with self._lock:
+            if self._connected_at is None or now - self._connected_at > SHORT_LIVED_S:
+                return None
+            self._short_lived = [t for t in self._short_lived if now - t <= FLAP_WINDOW_S] + [now]
+            if len(self._short_lived) < SHORT_LIVED_LIMIT:
+                return None
+            first = self._unstable is None
+            self._unstable = (f"the broker {self.broker} closed the connection {len(self._short_lived)} "
+                              f"times within {SHORT_LIVED_S:g} s of accepting it: is another client "
+                              f"connected with client id {self.client_id!r} (two daemons with the same "
+                              f"device_id)?")
+            unstable = self._unstable
+        if first:
+            logger.warning("MQTT: %s", unstable)
+        return unstable
+
+    def _check_stable(self) -> None:
+        """A connection that lasted FLAP_WINDOW_S ends the "unstable" report."""
+        with self._lock:
+            if (self._unstable is not None and self._connected and self._connected_at is not None
+                    and self._clock() - self._connected_at > FLAP_WINDOW_S):
+                self._unstable, self._short_lived = None, []
+                if self._last_error and self._last_error.startswith(f"the broker {self.broker} closed"):
+                    self._last_error = None
 
     def _no_connack_error(self, reason: str) -> str:
         """The message is the same on every retry, so _record_error warns once per outage."""
