@@ -387,3 +387,10 @@ def test_ctl_status_says_when_the_broker_stops_acknowledging():
     status["mqtt"]["connected"] = False  # disconnected wins: nothing can be acknowledged then
     line = next(line for line in ctl.format_status(status).splitlines() if line.startswith("mqtt:"))
     assert line.startswith("mqtt: DISCONNECTED from broker.local:1883;"), line
+
+
+def test_ctl_status_says_when_the_connection_keeps_being_taken_away():
+    status = canned_status(healthy=False)
+    status["mqtt"]["unstable"] = True
+    line = next(line for line in ctl.format_status(status).splitlines() if line.startswith("mqtt:"))
+    assert line.startswith("mqtt: connected (UNSTABLE) to broker.local:1883;"), line

@@ -31,7 +31,8 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
                        last seconds, 0..1), "busy_s": float (device seconds since start),
                        "p50_ms": float | null, "p99_ms": float | null, "batch_p50": float | null,
                        "queue_depth": int (frames taken in, not yet on the device),
-                       "errors": int, "frames_lost": int, "restarts": int, "description": str}],
+                       "in_flight": bool, "errors": int, "frames_lost": int, "restarts": int,
+                       "description": str}],
      "cameras": [{"name": str, "url": str (display form: no credentials), "state": str,
                   "fps_in": float, "fps_out": float, "drops": int, "reconnects": int,
                   "stalls": int, "images_skipped": int | null (image folders: files refused),
@@ -41,7 +42,8 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
      "mqtt": {"connected": bool, "broker": str ("host:port"), "queued": int, "queued_bytes": int,
               "spooled": int | null (messages in mqtt.spool_dir; null without a spool),
               "delivered": int, "dropped": int, "ack_stalled": bool (connected, but nothing
-              acknowledged for a while), "last_error": str | null}}
+              acknowledged for a while), "unstable": bool (the broker keeps closing fresh
+              connections), "last_error": str | null}}
 
 The daemon may add keys (e.g. `daemon.device_id`, `daemon.restart_needed_for`: changed keys
 that only a restart applies); `status` shows what it knows and ignores the rest.
@@ -225,6 +227,9 @@ def _mqtt_line(mqtt: dict | None) -> str:
     link = "connected to" if mqtt.get("connected") else "DISCONNECTED from"
     if mqtt.get("connected") and mqtt.get("ack_stalled"):
         link = "connected (NOT ACKNOWLEDGING) to"
+    if mqtt.get("unstable"):
+        word = "connected" if mqtt.get("connected") else "DISCONNECTED"
+        link = link.replace(word, f"{word} (UNSTABLE)", 1)
     spooled = f", spooled {mqtt['spooled']}" if mqtt.get("spooled") is not None else ""
     return (f"mqtt: {link} {_text(mqtt.get('broker'))}; queued {_text(mqtt.get('queued'))}{spooled}, "
             f"delivered {_text(mqtt.get('delivered'))}, dropped {_text(mqtt.get('dropped'))}")
