@@ -12,7 +12,11 @@ at the end drive `yoloedge run` with two devices, one of which hangs.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
+import re
 import sys
 import threading
 import time
@@ -35,6 +39,7 @@ from yoloedge.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
 from yoloedge.config import AcceleratorConfig, ModelConfig  # noqa: E402
 from yoloedge.errors import BackendError  # noqa: E402
 from yoloedge.health.progress import ProgressTracker  # noqa: E402
+from yoloedge.model import identity  # noqa: E402
 from yoloedge.pipeline.batcher import Batcher  # noqa: E402
 from yoloedge.pipeline.intake import CameraIntake  # noqa: E402
 from yoloedge.pipeline.post import PostStage  # noqa: E402
@@ -113,7 +118,8 @@ class Rig:
 
     def __init__(self, model: str, factories, max_errors=2):
         self.clocks = [Clock() for _ in factories]
-        self.tracker = ProgressTracker(clock=Clock())
+        self.tracker_clock = Clock()
+        self.tracker = ProgressTracker(clock=self.tracker_clock)
         self.batcher = Batcher(timeout_s=0.01)
         self.sink = Sink()
         self.post = PostStage("rig", self.sink, max_threads=2)
@@ -197,6 +203,10 @@ def exercise(rig: Rig, fail_card1, hang_card1, held_calls, leaks=None) -> None:
         clock1.advance(POLICY.max_delay_s)
         wait_until(lambda n=restart: card1.state is WorkerState.RUNNING and card1.restarts == n,
                    what=f"card 1 open again ({restart})")
+        # Idle after its comeback, long past the deadline: the calls that failed are over, so
+        # nothing may read as "inference running" (that stopped the watchdog of a recovered card).
+        rig.tracker_clock.advance(TIMEOUT_S * 3)
+        assert rig.tracker.check() == [], rig.tracker.check()
         if leaks:
             assert leaks() == baseline, f"restart {restart} leaked"
 
@@ -573,6 +583,148 @@ def test_no_device_is_opened_once_the_worker_is_stopped(tmp_path):
     generation = card1._generation
     card1._spawn()  # a restart that was due just as stop() came
     assert card1._generation == generation and card1.state is WorkerState.STOPPED
+
+
+def _sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _other_input_shape(path: Path) -> Path:
+    return make_dynamic_batch_v8_model(str(path), size=SIZE * 2, nc=2)
+
+
+def _same_shape_other_weights(path: Path) -> Path:
+    """The same model with its class masks swapped: red frames score as class 1, blue as 0."""
+    import onnx
+
+    graph = make_dynamic_batch_v8_model(str(path), size=SIZE, nc=2)
+    proto = onnx.load(str(graph))
+    names = {t.name: t for t in proto.graph.initializer}
+    names["MASK0"].name, names["MASK1"].name = "MASK1", "MASK0"
+    onnx.save(proto, str(graph))
+    return graph
+
+
+@pytest.mark.parametrize("make_other", [_other_input_shape, _same_shape_other_weights],
+                         ids=["other-input-shape", "same-shape-other-weights"])
+def test_a_model_file_changed_on_disk_is_not_loaded_by_a_reopening(tmp_path, make_other):
+    """A model change needs a restart: a card reopened after a failure must not quietly load what
+    now lies at `model.path` (another input shape loses every frame sent to it; the same shape
+    mixes two models' detections in one camera). Refused, retried with backoff, and the card comes
+    back once the original file is back."""
+    faults = Faults()
+    rig, model = ort_rig(tmp_path, faults)
+    card1, clock = rig.workers[1], rig.clocks[1]
+    original = Path(model).read_bytes()
+    other = make_other(tmp_path / "other.onnx")
+    assert other.read_bytes() != original
+    try:
+        Path(model).write_bytes(other.read_bytes())  # copied over model.path while the service runs
+        faults.fail_left[1] = 2
+        rig.feed_until(lambda: card1.state is WorkerState.BACKOFF, "card 1 gives up")
+        for attempt in (1, 2):
+            delay = card1.next_retry_mono - clock()
+            clock.advance(delay)
+            wait_until(lambda: card1.state is WorkerState.BACKOFF and card1.next_retry_mono > clock(),
+                       what=f"reopening {attempt} refused and scheduled again")
+            error = card1.status()["last_error"]
+            assert f"model file {model} changed since the service started" in error, error
+            assert hashlib.sha256(original).hexdigest()[:16] in error and _sha256(other)[:16] in error, error
+            assert "restart the service" in error and "put the original back" in error, error
+            assert card1.restarts == 0 and card1.loaded.backend.closed, "the card stays down"
+            assert card1.next_retry_mono - clock() > delay, "retried with the usual (growing) backoff"
+        assert [p.source for p in rig.tracker.check()] == ["rig/1"] and rig.tracker.making_progress()
+        served_by_0 = sum(1 for *_, d in rig.sink.snapshot() if d == "rig/0")
+        rig.feed(4)
+        rig.settle("card 0 alone, with the model it loaded")
+        assert sum(1 for *_, d in rig.sink.snapshot() if d == "rig/0") == served_by_0 + 8
+
+        Path(model).write_bytes(original)  # the original is back
+        clock.advance(card1.next_retry_mono - clock())
+        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 1, what="card 1 open again")
+        assert card1.loaded.input.height == SIZE and len(card1.loaded.labels) == 2
+        served_by_1 = sum(1 for *_, d in rig.sink.snapshot() if d == "rig/1")
+        rig.feed_until(lambda: sum(1 for *_, d in rig.sink.snapshot() if d == "rig/1") > served_by_1,
+                       "card 1 serves again")
+        rig.settle("after the original came back")
+        assert rig.tracker.check() == []
+    finally:
+        rig.stop()
+
+
+def test_model_identity_covers_the_labels_file_and_a_missing_model(tmp_path):
+    """Labels read from a file are part of what an opening loads; a file gone, or replaced by a
+    FIFO (which must not hang the check), is refused the same way."""
+    model = make_dynamic_batch_v8_model(str(tmp_path / "m.onnx"), size=SIZE, nc=2)
+    labels = tmp_path / "labels.txt"
+    labels.write_text("red\nblue\n")
+    recorded = identity.record(ModelConfig(path=str(model), labels=str(labels)))
+    assert [(d.what, d.sha256) for d in recorded] == [("model file", _sha256(model)),
+                                                      ("labels file", _sha256(labels))]
+    identity.check_unchanged(recorded)  # nothing changed: no error
+    labels.write_text("blue\nred\n")
+    with pytest.raises(identity.ModelFileChanged, match=re.escape(f"labels file {labels} changed since the service")):
+        identity.check_unchanged(recorded)
+    labels.write_text("red\nblue\n")
+    model.rename(tmp_path / "moved.onnx")
+    with pytest.raises(identity.ModelFileChanged, match="cannot read model file .*put the original back"):
+        identity.check_unchanged(recorded)
+    os.mkfifo(model)
+    with pytest.raises(identity.ModelFileChanged, match="not a regular file"):
+        identity.check_unchanged(recorded)
+    moved = str(tmp_path / "moved.onnx")
+    for listed in (["a", "b"], None):  # labels from the config's list or the model: no other file
+        assert [d.what for d in identity.record(ModelConfig(path=moved, labels=listed))] == ["model file"]
+
+
+def test_a_card_at_its_hung_call_limit_says_it_waits_for_one_to_return(tmp_path, caplog):
+    """Past `max_hung` abandoned calls the card is not opened again until one returns: status shows
+    that (no retry time counting down to nothing), the log says it once, and the card comes back
+    when a hung call returns."""
+    caplog.set_level(logging.WARNING, logger=worker_module.__name__)
+    faults = Faults()
+    rig, _ = ort_rig(tmp_path, faults)
+    card1, clock = rig.workers[1], rig.clocks[1]
+    gates = []
+    try:
+        for hang in range(1, POLICY.max_hung + 1):
+            entered = faults.hang(1)
+            gates.append(faults.gates[1])
+            rig.feed_until(entered.is_set, f"card 1's call hangs ({hang})")
+            clock.advance(TIMEOUT_S + 0.5)
+            wait_until(lambda n=hang: card1.state is WorkerState.BACKOFF and card1.hung_calls == n,
+                       what=f"hung call {hang} abandoned")
+            clock.advance(POLICY.max_delay_s)
+            if hang < POLICY.max_hung:
+                wait_until(lambda n=hang: card1.state is WorkerState.RUNNING and card1.restarts == n,
+                           what=f"card 1 open again ({hang})")
+        wait_until(lambda: card1.state is WorkerState.WAITING_FOR_HUNG, what="card 1 waits for a hung call")
+        for _ in range(3):  # however long it waits: the same status, one log line, no reopening
+            clock.advance(POLICY.max_delay_s)
+            clock.looked_again()
+            status = card1.status()
+            assert status["state"] == "hung-wait" and status["next_retry_in_s"] is None, status
+            assert status["hung_calls"] == POLICY.max_hung and status["restarts"] == POLICY.max_hung - 1, status
+        said = [r.getMessage() for r in caplog.records if "waits for one to return" in r.getMessage()]
+        assert said == [f"rig/1: {POLICY.max_hung} abandoned device call(s) still running, the most allowed: "
+                        "the device waits for one to return before it is opened again"], said
+        rig.feed(4)
+        rig.settle("card 0 serves while card 1 waits")
+
+        gates[0][1].set()  # the first hung call returns
+        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == POLICY.max_hung,
+                   what="card 1 open again once a hung call returned")
+        assert card1.hung_calls == POLICY.max_hung - 1 and card1.status()["next_retry_in_s"] is None
+        gates[1][1].set()
+        wait_until(lambda: card1.hung_calls == 0, what="the other abandoned call returned")
+        served_by_1 = sum(1 for *_, d in rig.sink.snapshot() if d == "rig/1")
+        rig.feed_until(lambda: sum(1 for *_, d in rig.sink.snapshot() if d == "rig/1") > served_by_1,
+                       "card 1 serves again")
+        rig.settle("after the hung calls returned")
+    finally:
+        for gate in gates:
+            gate[1].set()
+        rig.stop()
 
 
 # -- the watchdog rule -----------------------------------------------------------------------------

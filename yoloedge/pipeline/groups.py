@@ -89,7 +89,8 @@ class AcceleratorGroup:
     @property
     def serving(self) -> bool:
         """Some device runs or is coming back (backoff, restarting): cameras may join the group."""
-        return any(w.state in (WorkerState.RUNNING, WorkerState.BACKOFF, WorkerState.RESTARTING)
+        return any(w.state in (WorkerState.RUNNING, WorkerState.BACKOFF, WorkerState.WAITING_FOR_HUNG,
+                               WorkerState.RESTARTING)
                    for w in self.workers)
 
     @property

@@ -24,8 +24,12 @@ device again on a fresh thread. It does not wait for a hung call to return, beca
 return: a new backend is independent of the hung one (a new ONNX Runtime session; on Ascend a new
 context and stream on the same device, `set_device` being reference-counted), and the other cards
 are never touched. At most `max_hung` abandoned calls per device are left running; past that the
-worker waits for one to return before it opens the device again, so a card that hangs on every
-call cannot pile up threads and device memory.
+worker waits for one to return before it opens the device again (`WAITING_FOR_HUNG`, logged once),
+so a card that hangs on every call cannot pile up threads and device memory.
+
+A reopening loads the model file from disk again, so it first checks that the file is still the
+one the first opening loaded (`model.identity`); a changed file fails the reopening, which is
+retried with the same backoff until the original is back or the service is restarted.
 
 Opening a device (load, allocate, warm up) is not under the inference deadline: a TensorRT engine,
 a cold CUDA session or a big .om file can take far longer than any inference. The first opening
@@ -61,6 +65,7 @@ from ..config.schema import AcceleratorConfig
 from ..detector import Detector
 from ..health.progress import ProgressTracker
 from ..metrics import LatencyWindow, RateMeter
+from ..model import identity
 from .batcher import Batcher
 from .post import PostStage
 from .slots import BatchBuffer, OutputSet
@@ -80,6 +85,7 @@ class WorkerState(str, Enum):
     STARTING = "starting"  # loading the model, allocating, warming up (the first time)
     RUNNING = "running"  # serving batches
     BACKOFF = "backoff"  # the device failed or hung and was let go; waiting to open it again
+    WAITING_FOR_HUNG = "hung-wait"  # due to open again, but max_hung abandoned calls run
     RESTARTING = "restarting"  # opening the device again on a fresh thread
     FAILED = "failed"  # could not start at all (startup_error says why); not retried
     STOPPED = "stopped"  # stopped and its device released
@@ -181,6 +187,7 @@ class DeviceWorker:
         self._backoff = restart.backoff()
         self._error_backoff = _error_backoff()
         self._first_open_s: float | None = None  # how long the first opening took (on the clock)
+        self._model_files: tuple[identity.FileDigest, ...] = ()  # what the first opening loaded
         self._running_since: float | None = None
         self._last_detector: Detector | None = None
         self._spare: Backend | None = None  # the next opening's backend (see the module docstring)
@@ -324,6 +331,7 @@ class DeviceWorker:
         ended: str | None = None
         delay: float | None = None
         spawn = False
+        waiting: int | None = None
         with self._lock:
             inc = self._current
             if inc is not None and inc.busy_since is not None:
@@ -342,8 +350,8 @@ class DeviceWorker:
                 reason = inc.failure or inc.open_error or ended
                 if reason is not None:
                     delay = self._retry_later(reason, now)
-            elif self.state is WorkerState.BACKOFF and self.next_retry_mono is not None:
-                spawn = now >= self.next_retry_mono and len(self._hung) < self.restart.max_hung
+            elif self.state in (WorkerState.BACKOFF, WorkerState.WAITING_FOR_HUNG):
+                spawn, waiting = self._reopen_due(now)
         if abandoned is not None:
             self._let_go(*abandoned)
         if ended is not None:
@@ -353,8 +361,27 @@ class DeviceWorker:
         if delay is not None:
             log.warning("%s: opening the device again in %.1f s", self.worker_name, delay,
                         extra={"device": self.worker_name})
+        if waiting is not None:
+            log.warning("%s: %d abandoned device call(s) still running, the most allowed: the device waits for "
+                        "one to return before it is opened again", self.worker_name, waiting,
+                        extra={"device": self.worker_name})
         if spawn:
             self._spawn()
+
+    def _reopen_due(self, now: float) -> tuple[bool, int | None]:
+        """Whether to open the device again now (callers hold the lock). Past its backoff with
+        `max_hung` abandoned calls still running it waits for one to return instead, with no retry
+        time to show, since that depends on the hung call; the first time, it returns their number
+        for the one log line that says so."""
+        if self.state is WorkerState.BACKOFF and (self.next_retry_mono is None or now < self.next_retry_mono):
+            return False, None
+        if len(self._hung) < self.restart.max_hung:
+            return True, None
+        if self.state is WorkerState.WAITING_FOR_HUNG:
+            return False, None
+        self.state = WorkerState.WAITING_FOR_HUNG
+        self.next_retry_mono = None
+        return False, len(self._hung)
 
     def _call_deadline(self) -> tuple[str, float | None]:
         """The device call running now and how long it may run (callers hold the lock)."""
@@ -429,6 +456,8 @@ class DeviceWorker:
         acc = self.accelerator
         with self._lock:
             started = inc.busy_since = self._clock()  # under the open deadline, see _call_deadline
+        if inc.generation > 1:  # the same model as the first opening, or none (see `model.identity`)
+            identity.check_unchanged(self._model_files)
         backend = self._take_spare()
         if inc.generation > 1:
             self._reserve_spare()  # this opening may fail and release the runtime
@@ -440,6 +469,9 @@ class DeviceWorker:
         for index in range(sets):
             inc.free_outputs.put(OutputSet(inc, index, inc.detector.max_batch))
         if inc.generation == 1:
+            # After loading, so a missing or bad file is reported by the backend as it always was;
+            # on this thread and off the lock: hashing a large model takes a while.
+            self._model_files = identity.record(self.model)
             self._first_open_s = max(0.0, self._clock() - started)
         log.info("%s ready: %s, batch %d, %d input and %d output buffers", self.worker_name,
                  backend.description, inc.detector.max_batch, acc.input_buffers, sets,
@@ -619,11 +651,12 @@ class DeviceWorker:
     def _inference_failed(self, inc: Incarnation, exc: Exception, frames: int) -> None:
         self.consecutive_errors += 1
         given_up = self.consecutive_errors >= self.accelerator.max_consecutive_errors
+        # The call is over either way: clear its busy mark, or a card that recovers would still
+        # show "inference running for N s" and stop the watchdog (and counts were off by one).
+        self.tracker.failed(self.worker_name, exc)
         if given_up:
             inc.failure = f"{self.consecutive_errors} inferences failed in a row: {exc}"
             self.tracker.mark_unhealthy(self.worker_name, inc.failure)
-        else:
-            self.tracker.idle(self.worker_name)
         self.errors += 1  # after the tracker: whoever sees the count sees the health that goes with it
         log.error("%s: inference failed (%d in a row), %d frame(s) lost: %s", self.worker_name,
                   self.consecutive_errors, frames, exc, extra={"device": self.worker_name})
@@ -661,6 +694,7 @@ class DeviceWorker:
             "p99_ms": self.infer_ms.percentile(99),
             "batch_p50": self.batch_sizes.percentile(50),
             "queue_depth": self.batcher.pending(),
+            "in_flight": self.in_flight,  # a batch is on the device now
             "errors": self.errors,
             "frames_lost": self.frames_lost,
             "rebalanced": self.batcher.rebalanced_to(self.worker_name),
