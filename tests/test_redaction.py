@@ -79,6 +79,15 @@ MQTT_PASSWORD = "MqttQ99zA-pw"
     ("file:///srv/videos/gate.mp4", "file:///srv/videos/gate.mp4"),
     ("/dev/video0", "/dev/video0"),
     ("relative/clip.mp4", "relative/clip.mp4"),
+    # a scheme forgotten or mistyped: a ':' before an '@', in any path segment
+    ("admin:pw@cam/s", "***@cam/s"),
+    ("rtsp//admin:pw@cam/s", "***@cam/s"),
+    ("rtsp/admin:pw@cam", "***@cam"),
+    ("rtsp;//admin:pw@cam/s", "***@cam/s"),
+    ("rtsp.//admin:pw@cam/s", "***@cam/s"),
+    ("RTSP//admin:pw@cam/s", "***@cam/s"),
+    ("/etc/yoloedge/rtsp/admin:p@w@cam/s", "***@cam/s"),  # resolved from the config file's folder
+    ("/data/cam@2/v.mp4", "/data/cam@2/v.mp4"),  # no ':' before the '@': an ordinary path
 ])
 def test_display_form(url, expected):
     assert redact_url(url) == expected
@@ -203,6 +212,7 @@ def test_log_filter_uses_the_process_registry():
     ("plain text", "'plain text'"),
     ("admin:p w/d@cam/s", "'***@cam/s'"),  # the scheme forgotten
     ("//me:p/w@cam/s", "'***@cam/s'"),
+    ("rtsp//admin:p w@cam/s", "'***@cam/s'"),  # the scheme mistyped
     ("/srv/cam@2x/clip.mp4", "'/srv/cam@2x/clip.mp4'"),  # a path is not an address
 ])
 def test_show_never_echoes_a_secret_part(value, expected):
@@ -278,6 +288,12 @@ REJECTED = [
     ("admin:R9zA@127.0.0.1/stream", ("R9zA",)),  # scheme forgotten
     ("//me:R10zA/R10zB@127.0.0.1/stream", ("R10zA", "R10zB")),
     ("rtmp://127.0.0.1/live?psw=R11zA&Kennwort=R11zB", ("R11zA", "R11zB")),
+    # a mistyped scheme: would be opened as a file path
+    ("rtsp//admin:R12zA@127.0.0.1/s", ("R12zA",)),
+    ("rtsp/admin:R13zA@127.0.0.1", ("R13zA",)),
+    ("rtsp;//admin:R14zA@127.0.0.1/s", ("R14zA",)),
+    ("rtsp.//admin:R15zA@127.0.0.1/s", ("R15zA",)),
+    ("RTSP//admin:R16zA@127.0.0.1/s", ("R16zA",)),
 ]
 
 #: an mqtt.host that is a URL with credentials: refused, and the whole value registered as secret.

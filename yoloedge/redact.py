@@ -18,6 +18,11 @@ Camera URLs carry credentials in shapes that no single pattern recognises: `rtsp
 
 The price: an '@' in a path or query (`?mail=a@b`) hides everything before it; write it `%40`.
 
+A string without `scheme://` may still be an address whose scheme was forgotten or mistyped
+(`admin:pw@cam/s`, `rtsp//admin:pw@cam/s`, `rtsp;//...`): when a ':' comes before an '@', anywhere,
+everything up to the last '@' is shown as `***` (see `schemeless_userinfo`). An ordinary path
+(`/data/cam@2/v.mp4`) has no ':' before its '@' and stays readable.
+
 `redact_url` gives the one display form of a URL; everything that shows a URL uses it. Text that
 may quote a raw URL (an FFmpeg message, a traceback) goes through `redact_text`, which also replaces
 every secret registered in `SECRETS` literally, in the forms it may take (percent-decoded too).
@@ -136,39 +141,46 @@ def redact_url(url: str) -> str:
     """The display form of `url`: userinfo, a non-numeric port and parameter values not on the
     allowlist (`is_shown_key`) as `***`.
 
-    A string that is not `scheme://...` (a file path, /dev/video0) is returned as it is. Applying
-    it twice gives the same result, so a display form can safely be redacted again.
+    A string that is not `scheme://...` (a file path, /dev/video0) is returned as it is, unless it
+    looks like an address with a forgotten or mistyped scheme (`schemeless_userinfo`): then its
+    user-info is `***`. Applying it twice gives the same result, so a display form can safely be
+    redacted again.
     """
     parts = split_url(url)
     if parts is None:
-        return url
+        userinfo = schemeless_userinfo(url)
+        return url if userinfo is None else MASK + url[len(userinfo):]
     userinfo = "" if parts.userinfo is None else MASK + "@"
     port = "" if parts.port is None else ":" + (MASK if _port_is_secret(parts.port) else parts.port)
     return f"{parts.scheme}://{userinfo}{parts.host}{port}{_redact_rest(parts.rest)}"
 
 
 def schemeless_userinfo(text: str) -> str | None:
-    """The user-info of an address whose scheme was forgotten (`admin:pw@cam/s`, `//me:p/w@cam`),
-    up to its last '@', leading slashes included; None for anything else.
+    """The user-info of an address whose scheme was forgotten or mistyped (`admin:pw@cam/s`,
+    `//me:p/w@cam`, `rtsp//admin:pw@cam`, `/etc/yoloedge/rtsp/admin:pw@cam` once resolved), up to
+    its last '@', everything before it included; None for anything else.
 
-    It looks like one when its first path segment holds an '@' or a ':' (a file path seldom does:
-    `/srv/cam@2x.mp4` is not one) and an '@' follows.
+    It looks like one when a ':' comes anywhere before its last '@' (`user:password@`; any path
+    segment, because a mistyped scheme puts segments in front), or when its first path segment holds
+    an '@' (`token@cam/s`). A file path seldom does: `/srv/cam@2x.mp4` is not one. Wrongly hiding a
+    path's head costs a look at the config file; showing a password cannot be undone.
     """
-    body = text.lstrip("/")
-    first = body.split("/", 1)[0]
-    if "@" not in body or not ("@" in first or ":" in first):
+    at = text.rfind("@")
+    if at == -1:
         return None
-    return text[:text.rfind("@")]
+    first = text.lstrip("/").split("/", 1)[0]
+    if ":" not in text[:at] and "@" not in first:
+        return None
+    return text[:at]
 
 
 def redact_value(text: str) -> str:
     """How a configuration string is shown in a message. From `scheme://` to the end of the value
     is one URL (spaces and all: a password may have them), shown in its display form, with whatever
-    precedes it; an address without its scheme has its user-info hidden."""
+    precedes it; an address without its scheme, or with a mistyped one, has its user-info hidden."""
     start = text.find("://")
     if start == -1:
-        userinfo = schemeless_userinfo(text)
-        return text if userinfo is None else MASK + text[len(userinfo):]
+        return redact_url(text)  # a path, or an address with a forgotten or mistyped scheme
     while start > 0 and (text[start - 1].isalnum() or text[start - 1] in "+.-"):
         start -= 1
     if split_url(text[start:]) is None:  # no scheme before '://': hide all of it

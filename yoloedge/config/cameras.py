@@ -55,8 +55,12 @@ def read_camera_url(ctx: Context, item: Item) -> Any:
 
 
 def _local_path(ctx: Context, item: Item, url: str) -> Any:
-    if schemeless_userinfo(url) is not None:  # its secrets are registered; the message shows none
-        return ctx.problem(item, "looks like a camera address without its scheme (user:password@host)",
+    # `rtsp//admin:pw@cam/s` would be opened as a file path and show the password wherever the path
+    # is shown. Its secrets were registered by the caller, so a rejected reload's log is scrubbed
+    # too; the message shows none of the value.
+    if schemeless_userinfo(url) is not None:
+        return ctx.problem(item, "looks like a camera address with a missing or mistyped scheme "
+                                 "(user:password@host)",
                            "start it with rtsp://, rtsps://, http:// or https://")
     if url.strip().isdigit():
         return ctx.bad_value(item, "a camera index is not a source",
