@@ -20,7 +20,7 @@ from yoloedge.config.errors import EX_CONFIG, ConfigError
 from yoloedge.config.loader import MAX_CONFIG_BYTES, load_config
 from yoloedge.config.schema import TlsConfig
 from yoloedge.config.tls import TlsMaterialError, client_context
-from yoloedge.config.yamltree import MAX_ALIAS_VALUES, MAX_DEPTH
+from yoloedge.config.yamltree import MAX_ALIAS_VALUES, MAX_DEPTH, MAX_NODES
 from yoloedge.errors import ModelError
 from yoloedge.model.spec import parse_metadata
 
@@ -161,6 +161,24 @@ def test_yaml_bombs_are_refused_in_bounded_memory(tmp_path, case, text, words):
         tracemalloc.stop()
     assert words in str(error) and str(error).startswith(f"{path}:"), error
     assert peak < 100 * 1024 * 1024, f"{peak / 1e6:.0f} MB"
+
+
+def test_a_file_of_too_many_values_is_refused_where_the_limit_is_crossed(tmp_path):
+    """1 MiB of `[0,0,...]` is half a million values: refused on the line where the count passes
+    the limit, not after building all of them (the error line is half way into the file)."""
+    path = tmp_path / "yoloedge.yaml"
+    path.write_text("x:\n" + "- 0\n" * (2 * MAX_NODES))
+    assert path.stat().st_size <= MAX_CONFIG_BYTES
+    tracemalloc.start()
+    try:
+        error = refused(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert f"more than {MAX_NODES} values" in str(error), error
+    line = int(str(error).split(":")[1])
+    assert MAX_NODES - 10 <= line <= MAX_NODES + 2, error
+    assert peak < 200 * 1024 * 1024, f"{peak / 1e6:.0f} MB"
 
 
 def test_check_refuses_bombs_with_78(tmp_path):
@@ -504,3 +522,87 @@ def test_a_reload_of_a_config_replaced_by_a_fifo_is_rejected_and_sigterm_still_s
         daemon.kill()
         notify.close()
     assert "Traceback" not in daemon.log
+
+
+# -- second review round: homoglyph keys, kernel pseudo-files ------------------------------------
+
+@pytest.mark.parametrize("key, named", [("p\u0430th", "U+0430 CYRILLIC SMALL LETTER A"),
+                                        ("pa\u200bth", "U+200B ZERO WIDTH SPACE")])
+def test_an_unknown_key_that_looks_like_a_known_one_names_the_foreign_character(tmp_path, model, key, named):
+    path = write(tmp_path, f"device_id: e\nmodel:\n  path: {model}\n  {key}: x\n")
+    error = refused(path)
+    assert [(i.line, i.key_path) for i in error.issues] == [(4, f"model.{key}")]
+    assert f"unknown key {key!r} (it contains {named}; keys are ASCII)" in str(error), error
+    assert "did you mean 'path'?" in str(error), error
+
+
+def test_an_ascii_typo_keeps_the_plain_hint(tmp_path, model):
+    error = refused(write(tmp_path, f"device_id: e\nmodel:\n  path: {model}\n  lables: x\n"))
+    assert "model.lables: unknown key (did you mean 'labels'?)" in str(error), error
+
+
+@pytest.mark.parametrize("key, target", [("path", "/proc/self/mem"), ("labels", "/proc/self/environ"),
+                                         ("labels", "/sys/kernel/mm/transparent_hugepage/enabled"),
+                                         ("labels", "link-to-environ")])
+def test_kernel_pseudo_files_are_refused_as_model_or_labels(tmp_path, model, key, target):
+    if target == "link-to-environ":
+        os.symlink("/proc/self/environ", tmp_path / target)
+        target = str(tmp_path / target)
+    if not os.path.isfile(target):
+        pytest.skip(f"{target} is not on this system")
+    model_line = f"  path: {target}\n" if key == "path" else f"  path: {model}\n  labels: {target}\n"
+    path = write(tmp_path, f"device_id: e\nmodel:\n{model_line}")
+    result = check_cli(path, timeout=30)
+    assert result.returncode == EX_CONFIG and "Traceback" not in result.stderr, result.stderr
+    line = 3 if key == "path" else 4
+    assert f"{path}:{line}: model.{key}: {target}: a kernel pseudo-file (/proc, /sys)" in result.stderr, result.stderr
+
+
+def test_an_env_file_under_proc_is_refused_unread(tmp_path, model):
+    config = write(tmp_path, f"device_id: e\nmodel: {{path: {model}}}\n")
+    result = check_with("-c", str(config), "--env-file", "/proc/self/environ")
+    assert result.returncode == EX_CONFIG and "a kernel pseudo-file" in result.stderr, result.stderr
+
+
+# -- env files read as systemd's EnvironmentFile= reads them ---------------------------------------
+
+def env_check(tmp_path: Path, model: Path, env_text: str, uses: str) -> subprocess.CompletedProcess:
+    """`check` of a config whose device_id is `${uses}`, with `env_text` as the env file."""
+    config = write(tmp_path, f'device_id: "${{{uses}}}"\nmodel: {{path: {model}}}\n')
+    env = tmp_path / "yoloedge.env"
+    env.write_text(env_text, encoding="utf-8")
+    return check_with("-c", str(config), "--env-file", str(env))
+
+
+def test_env_file_values_are_read_with_systemd_quoting_and_escapes(tmp_path, model):
+    """Each value as systemd's env-file parser gives it (src/basic/env-file.c): glued quotes,
+    backslash escapes, continued lines, blanks around '=' and '#' only at the start of a line;
+    blanks after a closing quote are dropped (D7)."""
+    from yoloedge.cli.check import read_env_file
+    env = tmp_path / "yoloedge.env"
+    env.write_text('D1="a\\"b"\nD2=a\\$c\nD3="ab"cd\n  D4 = v w  \nD5="two\nlines"\nD6=con\\\ntinued\n'
+                   "# a comment \\\nD7='it''s' # not a comment\r\nD8=\nD9=x\\ \nD10=\"a\\nb\\\\\"\n"
+                   "D11=\u2028kept\u2028\n", encoding="utf-8")
+    assert read_env_file(str(env)) == {
+        "D1": 'a"b', "D2": "a$c", "D3": "abcd", "D4": "v w", "D5": "two\nlines", "D6": "continued",
+        "D7": "its# not a comment", "D8": "", "D9": "x ", "D10": "a\\nb\\", "D11": "\u2028kept\u2028"}
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("A=1\nexport DEVICE=cam1\n", 2, "'export' is shell syntax"),
+    ("A=1\nDEVICE\n", 2, "expected KEY=VALUE (systemd ignores a line without '='"),
+    ("1DEVICE=x\n", 1, "expected KEY=VALUE with KEY made of letters, digits and '_'"),
+    ('DEVICE="cam1\nB=2\n', 1, "a quote opened in this value is never closed"),
+    ('DEVICE="cam\r1"\n', 1, "the value holds a control character"),
+])
+def test_env_file_lines_systemd_would_drop_are_refused_with_their_line(tmp_path, model, text, line, words):
+    """Such a line is dropped by systemd, so the service would exit 78 "DEVICE is not set" after
+    check said OK; check refuses it instead."""
+    result = env_check(tmp_path, model, text, "DEVICE")
+    assert result.returncode == EX_CONFIG and "Traceback" not in result.stderr, result.stderr
+    assert f"{tmp_path / 'yoloedge.env'}:{line}: {words}" in result.stderr, result.stderr
+
+
+def test_env_file_export_error_names_the_variable_but_never_the_value(tmp_path, model):
+    result = env_check(tmp_path, model, f"export DEVICE={SECRET}\n", "DEVICE")
+    assert "would not get DEVICE" in result.stderr and SECRET not in result.stderr, result.stderr

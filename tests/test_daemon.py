@@ -246,6 +246,8 @@ def test_hung_inference_stops_the_watchdog_pings(tmp_path, models, media, mosqui
     degraded = ctl(config["control"]["socket"], "status")
     assert degraded.returncode == 1, degraded.stdout
     assert "running for" in degraded.stdout
+    # Said once, not on every tick of the main loop (it flooded the journal, ~10 lines a second).
+    assert daemon.log.count("not petting the systemd watchdog") == 1, daemon.log[-4000:]
 
     hang.unlink()
     resumed = time.monotonic()

@@ -33,7 +33,7 @@ from .config.errors import ConfigError, ConfigIssue
 from .config.loader import load_config
 from .config.schema import CameraConfig, Config, MqttConfig
 from .control.instance import AlreadyRunning, ControlServerError, InstanceLock
-from .control.server import ControlServer
+from .control.server import ControlServer, unexpected_fields
 from .health.logsetup import redact_text
 from .health.notify import SystemdNotifier, watchdog_interval_s
 from .health.progress import Problem, ProgressTracker
@@ -266,6 +266,7 @@ class Daemon:
     def _main_loop(self) -> None:
         watchdog_every = watchdog_interval_s(self.environ, os.getpid()) if self.config.health.watchdog else None
         last_ping = last_status = last_stats = 0.0
+        withheld = False  # pings are being withheld and that was logged: say it once, not per tick
         while not self._stop.is_set():
             now = time.monotonic()
             if self._reload.is_set():
@@ -276,9 +277,13 @@ class Daemon:
                 if self.tracker.making_progress():
                     self.notifier.watchdog()
                     last_ping = now
-                elif now - last_ping >= watchdog_every * 2:
+                    if withheld:
+                        log.info("a device makes progress again: petting the systemd watchdog")
+                    withheld = False
+                elif now - last_ping >= watchdog_every * 2 and not withheld:
                     log.error("not petting the systemd watchdog, no device makes progress: %s",
                               "; ".join(map(str, self.tracker.check())))
+                    withheld = True
             if now - last_status >= self.config.health.status_interval_s:
                 self.notifier.status(self._status_line())
                 last_status = now
@@ -448,12 +453,14 @@ class Daemon:
 
     # -- control socket ----------------------------------------------------------------------
     def _handle_control(self, request: dict) -> dict:
+        """Neither command takes a field besides "cmd": any other is refused, not ignored."""
         cmd = request.get("cmd")
-        if cmd == "status":
-            return self.status()
-        if cmd == "reload":
-            return self._reload_and_wait()
-        return {"ok": False, "error": f"unknown command {cmd!r} (status, reload)"}
+        if cmd not in ("status", "reload"):
+            return {"ok": False, "error": f"unknown command {cmd!r} (status, reload)"}
+        refused = unexpected_fields(request)
+        if refused is not None:
+            return refused
+        return self.status() if cmd == "status" else self._reload_and_wait()
 
     def _reload_and_wait(self) -> dict:
         """Ask the main loop for a reload and answer with the outcome of an attempt that began
@@ -580,6 +587,7 @@ class Daemon:
 def run_daemon(config_path: str, environ: Mapping[str, str]) -> int:
     """Load the configuration (exit 78 on any error, before touching a device) and run."""
     from .health.logsetup import setup_logging
+    from .health.stderr_guard import StderrGuard
 
     try:
         config = load_config(config_path, environ)
@@ -587,11 +595,21 @@ def run_daemon(config_path: str, environ: Mapping[str, str]) -> int:
         print(f"yoloedge: configuration error, not starting:\n{exc}", flush=True, file=sys.stderr)
         return 78
     setup_logging(config.logging, environ)
-    code = Daemon(config, config_path, environ).run()
+    # FFmpeg and OpenCV write to fd 2 themselves, past logging's redaction: see health.stderr_guard.
+    guard = StderrGuard()
+    guard.install()
+    try:
+        code = Daemon(config, config_path, environ).run()
+    except Exception:
+        # logged here, through the log filter and the guard: an uncaught traceback would be printed
+        # after the guard is gone, unredacted
+        log.exception("daemon failed")
+        code = 1
     # Everything is released; a capture thread may still sit in a frozen camera's read until its
     # timeout. Interpreter finalisation would tear it down inside FFmpeg's C++ code and abort
     # the process, so leave without finalising once our own shutdown is complete.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    guard.remove()  # last: what is still in its pipe is written out before the process leaves
     os._exit(code)

@@ -7,12 +7,20 @@ whole, it ends in MemoryError). So every such read goes through `read_bounded`: 
 O_NONBLOCK (a FIFO opens at once and is then refused), requires a regular file by fstat, and reads at
 most `max_bytes`. Symlinks are followed on purpose: /etc/yoloedge/yoloedge.yaml may be one.
 `regular_file_problem` is the same test without reading, for files checked now and read later.
+
+Files under /proc and /sys pass as regular files of size 0, yet read as whatever the kernel makes
+up: /proc/self/mem as a model fails only at run time (not as a config error), /proc/self/environ
+as labels would put the environment, secrets included, into detections. They are refused by the
+real path (symlinks resolved).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
+from contextlib import contextmanager
+from typing import Iterator
 
 from .errors import YoloedgeError
 
@@ -28,9 +36,10 @@ class FileProblem(YoloedgeError):
         self.too_large = too_large
 
 
-def read_bounded(path: str, max_bytes: int) -> bytes:
-    """The bytes of the regular file at `path`; FileProblem when it is not one, or holds more than
-    `max_bytes` (also when it grew past the bound after fstat)."""
+@contextmanager
+def opened_regular(path: str, max_bytes: int | None = None) -> Iterator[tuple[int, os.stat_result]]:
+    """(fd, fstat) of the regular file at `path`, closed on exit; FileProblem when it is missing,
+    not a regular file (never blocking on a FIFO), a kernel pseudo-file, or over `max_bytes`."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError:
@@ -40,14 +49,35 @@ def read_bounded(path: str, max_bytes: int) -> bytes:
     try:
         info = os.fstat(fd)
         _check_regular(path, info, max_bytes)
-        data = _read_up_to(fd, info.st_size + 1)  # one more: a file that grew since fstat
-    except OSError as exc:
-        raise FileProblem(path, f"cannot read: {exc.strerror or exc}") from None
+        yield fd, info
     finally:
         os.close(fd)
+
+
+def read_bounded(path: str, max_bytes: int) -> bytes:
+    """The bytes of the regular file at `path`; FileProblem when it is not one, or holds more than
+    `max_bytes` (also when it grew past the bound after fstat)."""
+    with opened_regular(path, max_bytes) as (fd, info):
+        try:
+            data = _read_up_to(fd, info.st_size + 1)  # one more: a file that grew since fstat
+        except OSError as exc:
+            raise FileProblem(path, f"cannot read: {exc.strerror or exc}") from None
     if len(data) > max_bytes:
         raise FileProblem(path, f"over the bound of {max_bytes:,} bytes", too_large=True)
     return data
+
+
+def sha256_of(path: str, chunk: int = 1 << 20) -> str:
+    """The hex sha256 of the regular file at `path`, read in chunks (a model of several GB costs no
+    memory); FileProblem as for `opened_regular`."""
+    digest = hashlib.sha256()
+    with opened_regular(path) as (fd, _):
+        try:
+            while block := os.read(fd, chunk):
+                digest.update(block)
+        except OSError as exc:
+            raise FileProblem(path, f"cannot read: {exc.strerror or exc}") from None
+    return digest.hexdigest()
 
 
 def regular_file_problem(path: str, max_bytes: int | None = None) -> FileProblem | None:
@@ -66,9 +96,15 @@ def regular_file_problem(path: str, max_bytes: int | None = None) -> FileProblem
     return None
 
 
+#: where the kernel's pseudo-files live: "regular", size 0, content made up on read.
+PSEUDO_FILE_ROOTS = ("/proc/", "/sys/")
+
+
 def _check_regular(path: str, info: os.stat_result, max_bytes: int | None) -> None:
     if not stat.S_ISREG(info.st_mode):
         raise FileProblem(path, f"not a regular file ({file_type(info.st_mode)})")
+    if os.path.realpath(path).startswith(PSEUDO_FILE_ROOTS):
+        raise FileProblem(path, "a kernel pseudo-file (/proc, /sys), not a config, model, labels or data file")
     if max_bytes is not None and info.st_size > max_bytes:
         raise FileProblem(path, f"{info.st_size:,} bytes, over the bound of {max_bytes:,} bytes", too_large=True)
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+from dataclasses import dataclass
+from enum import Enum, auto
 from typing import Mapping, TextIO
 
 from ..config.errors import EX_CONFIG, ConfigError, ConfigIssue
@@ -57,23 +60,176 @@ def environment(base: Mapping[str, str], env_files: list[str]) -> dict[str, str]
 
 
 def read_env_file(path: str) -> dict[str, str]:
-    """KEY=VALUE lines as in a systemd EnvironmentFile: '#' and ';' comments, optional quotes. Read
-    as the config file is (a FIFO, a device, a binary file are ConfigErrors, not a hang or a traceback)."""
-    lines = read_text_file(path, MAX_ENV_FILE_BYTES, "the environment file",
-                           "an environment file holds a few KEY=VALUE lines").splitlines()
-    values = {}
-    for number, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line[0] in "#;":
-            continue
-        key, sep, value = line.removeprefix("export ").partition("=")
-        if not sep or not key.strip().isidentifier():
-            raise ConfigError([ConfigIssue(path, number, 1, "", None, "expected KEY=VALUE")])
-        values[key.strip()] = _unquoted(value.strip())
+    """The variables systemd's EnvironmentFile= would set from `path`, or ConfigError. Read as the
+    config file is (a FIFO, a device, a binary file are ConfigErrors, not a hang or a traceback)."""
+    text = read_text_file(path, MAX_ENV_FILE_BYTES, "the environment file",
+                          "an environment file holds a few KEY=VALUE lines")
+    values: dict[str, str] = {}
+    for assignment in _EnvFileParser(text).assignments():
+        problem = _dropped_by_systemd(assignment.key, assignment.value, assignment.open_quote)
+        if problem is None and assignment.value is not None:
+            values[assignment.key] = assignment.value
+        else:
+            raise ConfigError([ConfigIssue(path, assignment.line, 1, "", None, *(problem or _NO_EQUALS))])
     return values
 
 
-def _unquoted(value: str) -> str:
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-        return value[1:-1]
-    return value
+class _State(Enum):
+    PRE_KEY = auto()
+    KEY = auto()
+    PRE_VALUE = auto()
+    VALUE = auto()
+    VALUE_ESCAPE = auto()
+    SINGLE_QUOTED = auto()
+    DOUBLE_QUOTED = auto()
+    DOUBLE_QUOTED_ESCAPE = auto()
+    COMMENT = auto()
+
+
+#: systemd's line ends in an environment file (a CR ends a line too); other Unicode breaks are text.
+_NEWLINE = "\n\r"
+_WHITESPACE = " \t\n\r"
+#: what a backslash escapes inside double quotes; before any other character it stays.
+_ESCAPED_IN_DOUBLE_QUOTES = "\"\\`$"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass
+class _Assignment:
+    """One KEY=VALUE as systemd reads it; `value` None for a line that has no '='."""
+
+    key: str
+    value: str | None
+    line: int
+    open_quote: bool = False  # the file ended inside a quoted value
+
+
+class _EnvFileParser:
+    """A port of systemd's env-file state machine (parse_env_file_internal): check must set the
+    variables the service gets, or check says OK and the service exits 78 with "X is not set".
+    Quotes may be glued to text (`"ab"cd` is abcd), backslash escapes outside single quotes
+    (`a\\$b` is a$b), a backslash before a line end continues the value, only '#'/';' at the start
+    of a line begin a comment, and a key's surrounding blanks are dropped."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.found: list[_Assignment] = []
+        self.key: list[str] = []
+        self.value: list[str] | None = None
+        self.key_line = self.line = 1
+        self.value_end: int | None = None  # where trailing blanks of an unquoted value begin
+
+    def assignments(self) -> list[_Assignment]:
+        state = _State.PRE_KEY
+        for char in self.text:
+            state = self._step(state, char)
+            if char == "\n":
+                self.line += 1
+        if state in (_State.KEY, _State.PRE_VALUE, _State.VALUE, _State.VALUE_ESCAPE, _State.SINGLE_QUOTED,
+                     _State.DOUBLE_QUOTED, _State.DOUBLE_QUOTED_ESCAPE):
+            self._end(state, open_quote=state in (_State.SINGLE_QUOTED, _State.DOUBLE_QUOTED,
+                                                  _State.DOUBLE_QUOTED_ESCAPE))
+        return self.found
+
+    def _step(self, state: _State, char: str) -> _State:  # noqa: C901 - one branch per state, as in systemd
+        if state is _State.PRE_KEY:
+            if char in "#;":
+                return _State.COMMENT
+            if char not in _WHITESPACE:
+                self.key, self.value, self.key_line = [char], None, self.line
+                return _State.KEY
+            return state
+        if state is _State.KEY:
+            if char in _NEWLINE:
+                return self._end(state)
+            if char == "=":
+                self.value, self.value_end = [], None
+                return _State.PRE_VALUE
+            self.key.append(char)
+            return state
+        value = self.value if self.value is not None else []
+        if state is _State.PRE_VALUE:
+            if char in _NEWLINE:
+                return self._end(state)
+            if char == "'":
+                return _State.SINGLE_QUOTED
+            if char == '"':
+                return _State.DOUBLE_QUOTED
+            if char == "\\":
+                return _State.VALUE_ESCAPE
+            if char not in _WHITESPACE:
+                value.append(char)
+                return _State.VALUE
+            return state
+        if state is _State.VALUE:
+            if char in _NEWLINE:
+                return self._end(state)
+            if char == "\\":
+                self.value_end = None
+                return _State.VALUE_ESCAPE
+            if char not in _WHITESPACE:
+                self.value_end = None
+            elif self.value_end is None:
+                self.value_end = len(value)
+            value.append(char)
+            return state
+        if state is _State.VALUE_ESCAPE:
+            if char not in _NEWLINE:  # an escaped line end continues the value
+                value.append(char)
+            return _State.VALUE
+        if state is _State.SINGLE_QUOTED:
+            if char == "'":
+                return _State.PRE_VALUE
+            value.append(char)
+            return state
+        if state is _State.DOUBLE_QUOTED:
+            if char == '"':
+                return _State.PRE_VALUE
+            if char == "\\":
+                return _State.DOUBLE_QUOTED_ESCAPE
+            value.append(char)
+            return state
+        if state is _State.DOUBLE_QUOTED_ESCAPE:
+            if char in _ESCAPED_IN_DOUBLE_QUOTES:
+                value.append(char)
+            elif char != "\n":
+                value.extend(("\\", char))
+            return _State.DOUBLE_QUOTED
+        return _State.PRE_KEY if char in _NEWLINE else state  # COMMENT
+
+    def _end(self, state: _State, open_quote: bool = False) -> _State:
+        """Close the assignment begun at `key_line`; blanks around the key and after an unquoted value go."""
+        value = None
+        if self.value is not None:
+            chars = self.value[:self.value_end] if state is _State.VALUE and self.value_end is not None \
+                else self.value
+            value = "".join(chars)
+        self.found.append(_Assignment("".join(self.key).strip(" \t\n\r"), value, self.key_line, open_quote))
+        self.key, self.value = [], None
+        return _State.PRE_KEY
+
+
+_NO_EQUALS = ("expected KEY=VALUE", "systemd ignores a line without '='; remove it or make it a # comment")
+
+
+def _dropped_by_systemd(key: str, value: str | None, open_quote: bool) -> tuple[str, str] | None:
+    """(problem, hint) for an assignment the service would not get, else None. systemd drops such a
+    line with at most a debug message; check refuses it, so it never says OK to a file whose
+    variable the service then lacks."""
+    if value is None:
+        return _NO_EQUALS
+    if open_quote:
+        return ("a quote opened in this value is never closed",
+                "systemd would take the rest of the file as the value; close the quote")
+    if key.startswith("export") and key[len("export"):][:1] in (" ", "\t"):
+        name = key.split()[-1]
+        name = name if _NAME.fullmatch(name) else "the variable"
+        return ("'export' is shell syntax, not EnvironmentFile syntax",
+                f"systemd ignores this line, so the service would not get {name}; remove 'export '")
+    if not _NAME.fullmatch(key):
+        return ("expected KEY=VALUE with KEY made of letters, digits and '_', not starting with a digit",
+                "systemd ignores an assignment to any other name")
+    if any((char < " " or char == "\x7f") and char not in "\t\n" for char in value):
+        return ("the value holds a control character",
+                "systemd ignores an assignment whose value holds control characters other than tab and newline")
+    return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -320,7 +321,17 @@ def report_unknown_keys(ctx: Context, entries: dict, allowed: Iterable[str]) -> 
             ctx.problem(child, f"{show(key)} is not a valid key: keys are names",
                         f"allowed: {', '.join(allowed)}")
         elif key not in allowed:
-            ctx.problem(child, "unknown key", did_you_mean(key, allowed) or f"allowed: {', '.join(allowed)}")
+            ctx.problem(child, _unknown_key(key), did_you_mean(key, allowed) or f"allowed: {', '.join(allowed)}")
+
+
+def _unknown_key(key: str) -> str:
+    """A homoglyph (`pаth` with a Cyrillic а) looks exactly like the key it is mistaken for, so
+    "did you mean 'path'?" alone reads as nonsense: name the character that differs."""
+    foreign = next((char for char in key if not char.isascii()), None)
+    if foreign is None:
+        return "unknown key"
+    name = unicodedata.name(foreign, "an unnamed character")
+    return f"unknown key {key!r} (it contains U+{ord(foreign):04X} {name}; keys are ASCII)"
 
 
 def _join(path: str, key: str) -> str:

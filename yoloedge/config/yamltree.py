@@ -8,7 +8,9 @@ in string scalars on the way.
 A config is small, and the file may come from a careless or hostile hand: nesting deeper than
 MAX_DEPTH levels and aliases that expand to more than MAX_ALIAS_VALUES values (a "billion laughs"
 file of 500 bytes) are refused while composing and building, before they can exhaust the stack or
-memory. Every string (keys and values, after `${VAR}` substitution) is refused when it holds a
+memory. So is a file of more than MAX_NODES values: the size cap alone lets 1 MiB of `[0,0,0,...]`
+cost seconds of CPU and hundreds of MB to build, and a reload would leave the daemon that much
+larger. Every string (keys and values, after `${VAR}` substitution) is refused when it holds a
 control character: a CR/LF in a camera URL or a broker host would be sent on the wire as is.
 """
 
@@ -30,6 +32,8 @@ MERGE_TAG = "tag:yaml.org,2002:merge"
 MAX_DEPTH = 64
 #: most values that aliases (`*name`, `<<: *name`) may add in all by repeating anchored ones.
 MAX_ALIAS_VALUES = 20_000
+#: most values (scalars, lists, mappings, aliases) in one file; a real configuration has a few hundred.
+MAX_NODES = 100_000
 #: integers are refused from this magnitude on: no setting needs them, and readers compare them
 #: with floats (a 400-digit integer overflows float()).
 MAX_INTEGER = 2 ** 63
@@ -76,6 +80,11 @@ def _too_deep(mark: yaml.Mark | None) -> NoReturn:
                         f"a configuration never needs that many", mark)
 
 
+def _too_many_nodes(mark: yaml.Mark | None) -> NoReturn:
+    raise LimitExceeded(f"the file holds more than {MAX_NODES} values; a configuration has a few hundred "
+                        f"(is this the right file?)", mark)
+
+
 def _too_many_aliased(mark: yaml.Mark | None) -> NoReturn:
     raise LimitExceeded(f"aliases expand to more than {MAX_ALIAS_VALUES} values; write the values out "
                         f"or use fewer nested aliases", mark)
@@ -83,17 +92,22 @@ def _too_many_aliased(mark: yaml.Mark | None) -> NoReturn:
 
 class _BoundedLoader(yaml.SafeLoader):
     """PyYAML's composer and merge-key flattening recurse once per level: cap the depth there,
-    before Python's recursion limit (or the memory of a merge chain) is reached."""
+    before Python's recursion limit (or the memory of a merge chain) is reached. Count the nodes
+    there too: composing is where a long flat list grows, before any Item is built."""
 
     def __init__(self, stream: str):
         super().__init__(stream)
         self._depth = 0
+        self._nodes = 0
 
     def compose_node(self, parent, index):
         self._depth += 1
+        self._nodes += 1
         try:
             if self._depth > MAX_DEPTH:
                 _too_deep(self.peek_event().start_mark)
+            if self._nodes > MAX_NODES:
+                _too_many_nodes(self.peek_event().start_mark)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1

@@ -7,7 +7,9 @@ per level, so 100,000 `[` would raise RecursionError deep inside it), integers l
 `MAX_NUMBER_CHARS` are refused (int() of a long digit string is quadratic; Python 3.11 raises
 ValueError beyond 4,300 digits), and NaN, Infinity and floats that overflow to infinity are
 refused because no field of the protocol can hold them and `json.dumps` would echo them as
-invalid JSON.
+invalid JSON. A key given twice is refused too: `json.loads` keeps the last, so
+`{"cmd": "status", "cmd": "reload"}` would run a reload that a log or a proxy reading the first
+key took for a status.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ MAX_REQUEST_DEPTH = 8
 MAX_REPLY_DEPTH = 32
 #: longest number literal accepted (a 64-bit integer has 20 characters).
 MAX_NUMBER_CHARS = 40
+#: a key or field name quoted in an error is cut to this many characters: the peer wrote it.
+MAX_QUOTED_NAME = 40
 
 #: a string literal, or an unterminated one up to the end. From a quote it cannot fail (a lone
 #: trailing backslash is taken by the optional `.`), so it never backtracks and the scan never
@@ -50,7 +54,7 @@ def decode_object(data: bytes, max_depth: int) -> dict:
         raise MalformedMessage(f"nested {depth} levels deep, at most {max_depth} allowed")
     try:
         decoded = json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
-                             parse_constant=_refuse_constant)
+                             parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
     except MalformedMessage:
         raise
     except (json.JSONDecodeError, ValueError, RecursionError) as exc:
@@ -108,6 +112,20 @@ def _parse_float(literal: str) -> float:
     if not math.isfinite(value):
         raise MalformedMessage(f"number {literal} is out of range")
     return value
+
+
+def quoted_name(name: str) -> str:
+    """A key or field name from the peer, quoted and cut short for an error message."""
+    return repr(name if len(name) <= MAX_QUOTED_NAME else name[:MAX_QUOTED_NAME] + "...")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise MalformedMessage(f"key {quoted_name(key)} given twice")
+        seen[key] = value
+    return seen
 
 
 def _refuse_constant(name: str) -> Any:

@@ -7,8 +7,8 @@ Anyone in the group can still connect, so every input is treated as hostile.
 Protocol (`control.protocol`): the client sends one JSON object per line, e.g.
 `{"cmd": "status"}`; the server answers each with one JSON line, whatever `handler(request)`
 returned. Every malformed request is answered with `{"ok": false, "error": "..."}`: not UTF-8,
-not JSON, nested too deeply, a number too long or not finite, not an object with a string
-"cmd", a handler that raised (logged; the server keeps serving). A request line longer than
+not JSON, nested too deeply, a number too long or not finite, a key given twice, not an object
+with a string "cmd", a handler that raised (logged; the server keeps serving). A request line longer than
 `MAX_REQUEST_BYTES`, or one not complete `client_timeout_s` after the server started waiting
 for it, is answered and the connection closed (the stream cannot be trusted past it). A client
 that has sent nothing by then is closed without a word.
@@ -44,11 +44,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable
+from typing import Callable, Iterable
 
 from .instance import (AlreadyRunning, ControlServerError, InstanceLock, lock_path,
                        remove_stale_socket)
-from .protocol import MAX_REQUEST_BYTES, MAX_REQUEST_DEPTH, MalformedMessage, decode_object, encode
+from .protocol import (MAX_REQUEST_BYTES, MAX_REQUEST_DEPTH, MalformedMessage, decode_object, encode,
+                       quoted_name)
 
 __all__ = ["AlreadyRunning", "ControlServer", "ControlServerError", "Handler", "MAX_CONNECTIONS",
            "MAX_HANDLERS", "MAX_REQUEST_BYTES", "lock_path", "parse_request"]
@@ -498,6 +499,18 @@ def parse_request(line: bytes) -> tuple[dict | None, str]:
     if not isinstance(request.get("cmd"), str):
         return None, 'malformed request: missing "cmd" string'
     return request, ""
+
+
+def unexpected_fields(request: dict, takes: Iterable[str] = ()) -> dict | None:
+    """The error reply naming the fields of `request` that its command does not take, else None.
+    Ignoring them would let `{"cmd": "reload", "config": "other.yaml"}` answer "reloaded" after
+    reloading the configured file, and the client believe it loaded another."""
+    extra = sorted(set(request) - {"cmd", *takes})
+    if not extra:
+        return None
+    names = ", ".join(quoted_name(str(name)) for name in extra[:5]) + (", ..." if len(extra) > 5 else "")
+    allowed = ", ".join(sorted(takes)) or "none besides cmd"
+    return _error(f"command {quoted_name(request['cmd'])} does not take field(s) {names} (it takes {allowed})")
 
 
 def _error(text: str) -> dict:

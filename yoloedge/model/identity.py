@@ -12,18 +12,13 @@ non-blocking and required to be a regular file, so a FIFO put in its place canno
 
 from __future__ import annotations
 
-import hashlib
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.model import ModelConfig
 from ..errors import ModelError
-from ..files import file_type
+from ..files import FileProblem, sha256_of
 
-#: bytes read per chunk while hashing
-CHUNK = 1 << 20
 #: hex digits of a digest shown in messages: enough to tell two files apart by eye
 SHOWN = 16
 
@@ -70,18 +65,6 @@ def check_unchanged(recorded: tuple[FileDigest, ...]) -> None:
 
 def _sha256(what: str, path: str) -> str:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as exc:
-        raise ModelError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ModelError(f"cannot read {what} {path}: not a regular file ({file_type(info.st_mode)})")
-        digest = hashlib.sha256()
-        while chunk := os.read(fd, CHUNK):
-            digest.update(chunk)
-    except OSError as exc:
-        raise ModelError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    return digest.hexdigest()
+        return sha256_of(path)
+    except FileProblem as exc:
+        raise ModelError(f"cannot read {what} {exc}") from None
