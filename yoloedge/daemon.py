@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from enum import Enum
-from typing import Mapping
+from typing import Callable, Mapping
 
 from . import __version__
 from .config.errors import ConfigError, ConfigIssue
@@ -78,7 +78,11 @@ def accelerator_names(config: Config) -> list[str]:
 
 
 class Daemon:
-    def __init__(self, config: Config, config_path: str, environ: Mapping[str, str]):
+    def __init__(self, config: Config, config_path: str, environ: Mapping[str, str], *,
+                 before_forced_exit: Callable[[], None] = lambda: None):
+        #: run before a second signal ends the process at once: the stderr guard writes out what
+        #: its pipe still holds (that signal's own message included), bounded
+        self._before_forced_exit = before_forced_exit
         self.config = config
         self.config_path = config_path
         self.environ = dict(environ)
@@ -149,6 +153,7 @@ class Daemon:
         self._signals += 1
         if self._signals > 1:
             os.write(2, b"yoloedge: second signal, exiting immediately\n")
+            self._before_forced_exit()
             os._exit(EXIT_FAILURE)
         self._stop.set()
 
@@ -599,7 +604,7 @@ def run_daemon(config_path: str, environ: Mapping[str, str]) -> int:
     guard = StderrGuard()
     guard.install()
     try:
-        code = Daemon(config, config_path, environ).run()
+        code = Daemon(config, config_path, environ, before_forced_exit=guard.remove).run()
     except Exception:
         # logged here, through the log filter and the guard: an uncaught traceback would be printed
         # after the guard is gone, unredacted
