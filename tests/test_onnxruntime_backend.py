@@ -126,20 +126,25 @@ def test_no_memory_growth_proportional_to_runs(dynamic_model, rng):
     gc.collect()
     # Only allocations made under this test's own calls: threads left by earlier tests in this
     # process (a publisher, a reader) allocate meanwhile too, and are not this backend's growth.
+    # Three windows of 200 runs: a per-run leak grows every window by the same amount, while the
+    # one-off fills of caches that a process with a longer history still does (seen: 6-12 KB once,
+    # in the full suite) land in one window only. So the smallest window's growth is the measure.
     mine = [tracemalloc.Filter(True, __file__, all_frames=True)]
+    growths = []
     tracemalloc.start(64)
     try:
-        before = tracemalloc.take_snapshot().filter_traces(mine)
-        for i in range(200):
-            backend.run(1 + i % 4)
-        gc.collect()
-        after = tracemalloc.take_snapshot().filter_traces(mine)
-        growth = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+        for _window in range(3):
+            before = tracemalloc.take_snapshot().filter_traces(mine)
+            for i in range(200):
+                backend.run(1 + i % 4)
+            gc.collect()
+            after = tracemalloc.take_snapshot().filter_traces(mine)
+            growths.append(sum(stat.size_diff for stat in after.compare_to(before, "filename")))
     finally:
         tracemalloc.stop()
     # A constant ~1 KiB is tracemalloc's own noise; one leaked output per run would be 200 x 2 KiB,
-    # one leaked bare object() per run about 6 KiB.
-    assert growth < 4 * 1024, f"Python heap grew by {growth} bytes over 200 runs"
+    # one leaked small dict per run about 45 KiB, in every window (checked by injecting one).
+    assert min(growths) < 4 * 1024, f"Python heap grew by {growths} bytes per 200 runs"
     backend.close()
 
 
