@@ -7,7 +7,10 @@ YOLOEDGE_REQUIRE_SHARED=1 (in .ci/run), which turns that skip into a failure.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -49,3 +52,12 @@ def media(shared) -> Path:
 @pytest.fixture(scope="session")
 def references(shared) -> Path:
     return shared / "reference"
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short directory for sockets: AF_UNIX paths must stay under 108 bytes, and pytest's
+    tmp_path may not."""
+    path = Path(tempfile.mkdtemp(prefix="ye-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -10,7 +10,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -69,14 +68,6 @@ class Daemon:
         if req["cmd"] == "not-a-dict":
             return ["nope"]  # type: ignore[return-value]
         return {"ok": False, "error": f"unknown command {req['cmd']!r}"}
-
-
-@pytest.fixture
-def sock_dir():
-    """A short directory: AF_UNIX paths must stay under 108 bytes, pytest's tmp_path may not."""
-    path = tempfile.mkdtemp(prefix="ye-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -95,13 +94,6 @@ class FakeClock:
             self.held.set()
             self.go.wait(30)
         return self.now
-
-
-@pytest.fixture
-def sock_dir():
-    path = tempfile.mkdtemp(prefix="ye-", dir="/tmp")  # AF_UNIX paths must stay short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -639,8 +631,7 @@ def test_the_control_socket_code_runs_on_the_oldest_supported_python():
 
 
 @pytest.fixture
-def real_daemon(tmp_path, mosquitto):
-    run_dir = Path(tempfile.mkdtemp(prefix="ye-", dir="/tmp"))
+def real_daemon(tmp_path, mosquitto, sock_dir):
     notify = NotifySocket(tmp_path / "notify.sock")
     config = {
         "device_id": "hard1",
@@ -648,7 +639,7 @@ def real_daemon(tmp_path, mosquitto):
         "accelerators": [{"backend": "onnxruntime", "provider": "cpu", "devices": [0], "batch": 1}],
         "cameras": [],
         "mqtt": {"host": mosquitto.host, "port": mosquitto.port, "topic_prefix": "yt"},
-        "control": {"socket": str(run_dir / "control.sock")},
+        "control": {"socket": str(sock_dir / "control.sock")},
         "shutdown_timeout_s": 5,
     }
     daemon = Daemon(write_config(tmp_path / "yoloedge.yaml", config), notify)
@@ -658,7 +649,6 @@ def real_daemon(tmp_path, mosquitto):
     finally:
         daemon.kill()
         notify.close()
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def in_process_daemon(tmp_path: Path) -> tuple[YoloDaemon, Path]:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import io
 import logging
 import os
-import shutil
 import socket
 import struct
-import tempfile
 import threading
 import uuid
 
@@ -20,14 +18,6 @@ from yoloedge.health.logsetup import (JournaldHandler, RedactingFilter, StderrHa
 from yoloedge.health.notify import SystemdNotifier, watchdog_interval_s
 from yoloedge.health.progress import ProgressTracker
 from yoloedge.redact import redact_url
-
-
-@pytest.fixture
-def sock_dir():
-    """A short directory: AF_UNIX paths must stay under 108 bytes, pytest's tmp_path may not."""
-    path = tempfile.mkdtemp(prefix="ye-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def datagram_socket(address: str) -> socket.socket:

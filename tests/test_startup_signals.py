@@ -8,9 +8,7 @@ protect (see the README)."""
 
 from __future__ import annotations
 
-import shutil
 import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,21 +20,14 @@ from yoloedge.cli.main import main
 
 
 @pytest.fixture
-def run_dir():
-    path = Path(tempfile.mkdtemp(prefix="ye-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def config(tmp_path, run_dir, mosquitto) -> Path:
+def config(tmp_path, sock_dir, mosquitto) -> Path:
     return write_config(tmp_path / "yoloedge.yaml", {
         "device_id": "sig",
         "model": {"path": str(demo.MODEL)},
         "accelerators": [{"backend": "onnxruntime", "provider": "cpu", "devices": [0], "batch": 1}],
         "cameras": [],
         "mqtt": {"host": mosquitto.host, "port": mosquitto.port, "topic_prefix": "sg"},
-        "control": {"socket": str(run_dir / "control.sock")},
+        "control": {"socket": str(sock_dir / "control.sock")},
         "shutdown_timeout_s": 5,
     })
 
@@ -69,7 +60,7 @@ def wait_until_held(daemon: Daemon, timeout: float = 30.0) -> float:
     return time.monotonic() - started
 
 
-def test_sighup_storm_during_start_up_does_not_kill_the_daemon(config, run_dir, notify):
+def test_sighup_storm_during_start_up_does_not_kill_the_daemon(config, sock_dir, notify):
     daemon = Daemon(config, notify)
     try:
         wait_until_held(daemon)
@@ -81,11 +72,11 @@ def test_sighup_storm_during_start_up_does_not_kill_the_daemon(config, run_dir, 
             time.sleep(0.002)
         assert sent > 10, "the storm covered the start-up"
         deadline = time.monotonic() + 15
-        while status(str(run_dir / "control.sock"))["daemon"]["generation"] < 2:
+        while status(str(sock_dir / "control.sock"))["daemon"]["generation"] < 2:
             assert time.monotonic() < deadline, "the reload asked for during start-up was not applied"
             time.sleep(0.1)
         assert daemon.proc.poll() is None
-        assert status(str(run_dir / "control.sock"))["daemon"]["state"] == "running"
+        assert status(str(sock_dir / "control.sock"))["daemon"]["state"] == "running"
         assert daemon.stop() == 0, daemon.log
         assert "Traceback" not in daemon.log, daemon.log
     finally:
