@@ -5,11 +5,28 @@ input set and every output set), so a run allocates no tensors. A dynamic batch 
 whole batch in one call; a fixed batch runs the buffer in chunks of the model's batch, each chunk
 bound to its own slice of the buffers. Bindings are built on first use per (input set, output
 set, chunk) and kept.
+
+On a GPU provider each input set also has its own device tensor (an OrtValue allocated once in
+`open`): a run copies the host set into it with `update_inplace` (which copies into the tensor's
+existing memory and refuses a size that differs, so the whole set is copied) and binds the first
+n frames of it by address, so the model reads device memory and ONNX Runtime allocates no input
+copy. Outputs stay bound to the host output sets: ONNX Runtime copies the results into them at the
+end of the run, exactly the n frames bound. (Copying a device OrtValue into existing host memory has
+no Python API before 1.23: `numpy()` and `copy_outputs_to_cpu()` allocate. 1.23 added
+`copy_tensors`, which goes through the environment's data transfers; whether the built-in CUDA
+EP's transfer is among them was not found in a source [UNCONFIRMED], so it is not relied on.)
+The device type is a parameter, so the same path runs on the CPU in the tests.
+
+TensorRT and MIGraphX compile the model for the input shape they see (minutes for a TensorRT
+engine on a Jetson): they run one shape, the accelerator's full batch, keep what they compiled in
+a folder keyed by model hash, batch, input size, precision and device (`ort_cache`), and are
+warmed up in `open`, so the service reports READY with the engine built or loaded.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 
 import numpy as np
@@ -19,6 +36,9 @@ from ..config.model import PROVIDERS, OnnxRuntimeConfig
 from ..errors import BackendError, ModelError
 from ..model.spec import DYNAMIC, ModelSpec, TensorSpec, channels_last, normalise_shape, parse_metadata
 from .base import Backend, check_open_request, host_buffer, require_model_file
+from .gpu_smi import GpuKind, gpu_telemetry
+from .ort_cache import CacheKey, cache_folder, model_digest
+from .ort_providers import COMPILING, DEVICE_TYPES, cache_options, parse_version, precision, provider_entry
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +62,18 @@ GRAPH_OPTIMIZATION = {
 }
 
 
+CPU_PROVIDER = PROVIDERS["cpu"]
+#: `provider` -> the `gpu_smi` telemetry kind of its devices.
+TELEMETRY_KINDS = {"cuda": GpuKind.CUDA, "tensorrt": GpuKind.CUDA, "migraphx": GpuKind.ROCM, "rocm": GpuKind.ROCM}
+
+
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
-    def __init__(self, model_path: str, config: OnnxRuntimeConfig | None = None):
+    def __init__(self, model_path: str, config: OnnxRuntimeConfig | None = None, *,
+                 device_type: str | None = None):
+        """`device_type` stages the input sets in OrtValues on that device ("cuda", or "cpu" to run
+        the GPU code path on the CPU); None: the provider's device, and none on the CPU provider."""
         self.model_path = str(model_path)
         self.config = config or OnnxRuntimeConfig()
         if self.config.provider not in PROVIDERS:
@@ -56,12 +84,18 @@ class OnnxRuntimeBackend(Backend):
                                f"choose one of {', '.join(GRAPH_OPTIMIZATION)}")
         self._session: ort.InferenceSession | None = None
         self._inputs: list[np.ndarray] = []
+        self._requested_device = device_type
+        #: device the input sets are staged on (None: bound from host memory), and their tensors there.
+        self._input_device: str | None = None
+        self._device_inputs: list[ort.OrtValue] = []
         self._output_sets: list[list[np.ndarray]] = []
         self._bindings: dict[tuple[int, int, int, int], ort.IOBinding] = {}
         self._chunk = 1  # frames per native run: the fixed batch, or the whole request if dynamic
         self._dynamic_batch = False
         self._spec: ModelSpec | None = None
         self.active_provider = ""
+        #: where the provider keeps its compiled engine/program; "" for one that compiles nothing.
+        self.cache_folder = ""
 
     # -- loading -------------------------------------------------------------------------------
     def open(self, max_batch: int = 1, input_hw: tuple[int, int] | None = None, *,
@@ -69,7 +103,7 @@ class OnnxRuntimeBackend(Backend):
         if self._session is not None and self._spec is not None:
             return self._spec
         check_open_request(max_batch, input_sets, output_sets)
-        session = self._create_session()
+        session = self._create_session(max_batch, input_hw)
         meta = parse_metadata(session.get_modelmeta().custom_metadata_map or {}, self.model_path)
         inputs = tuple(self._tensor_spec(i) for i in session.get_inputs())
         outputs = tuple(self._tensor_spec(o) for o in session.get_outputs())
@@ -94,6 +128,8 @@ class OnnxRuntimeBackend(Backend):
             log.info("%s is dynamically quantised: running frames one at a time so that each "
                      "frame's result is independent of the others", self.model_path)
             self._dynamic_batch, self._chunk = False, 1
+        elif self._dynamic_batch and self._compiles():
+            self._dynamic_batch = False  # one shape, one engine: a partial batch runs padded
         capacity = -(-max_batch // self._chunk) * self._chunk
         shape[0] = capacity
         self._session = session
@@ -103,20 +139,67 @@ class OnnxRuntimeBackend(Backend):
         if self.config.io_binding and all(DYNAMIC not in o.per_item_shape() for o in outputs):
             self._output_sets = [[host_buffer((capacity, *o.per_item_shape()), o.dtype) for o in outputs]
                                  for _ in range(output_sets)]
-        log.info("loaded %s on %s: input %s %s, outputs %s", self.model_path, self.active_provider,
-                 inp.name, list(inp.shape), ", ".join(f"{o.name} {list(o.shape)}" for o in outputs))
+            self._input_device = self._staging_device()
+            if self._input_device is not None:
+                self._device_inputs = [self._device_tensor(buf) for buf in self._inputs]
+        log.info("loaded %s on %s: input %s %s, outputs %s%s", self.model_path, self.active_provider,
+                 inp.name, list(inp.shape), ", ".join(f"{o.name} {list(o.shape)}" for o in outputs),
+                 f", inputs staged on {self._input_device}" if self._input_device else "")
+        if self.active_provider != CPU_PROVIDER:
+            self._warm_up()
         return self._spec
 
-    def _create_session(self) -> ort.InferenceSession:
+    def _compiles(self) -> bool:
+        """Whether the session runs on a provider that compiles per input shape (TensorRT, MIGraphX)."""
+        return self.config.provider in COMPILING and self.active_provider == PROVIDERS[self.config.provider]
+
+    def _staging_device(self) -> str | None:
+        """The device the input sets are staged on: the one asked for, else the provider's (none
+        when the session runs on the CPU, where the host buffers are bound directly)."""
+        if self._requested_device is not None:
+            return self._requested_device
+        if self.active_provider == CPU_PROVIDER:
+            return None
+        return DEVICE_TYPES[self.config.provider]
+
+    def _staging_id(self) -> int:
+        """The staging device's index: the provider's device, or 0 for the CPU (there is one)."""
+        return 0 if self._input_device in (None, "cpu") else self.config.device_id
+
+    def _device_tensor(self, host: np.ndarray) -> ort.OrtValue:
+        """An OrtValue the shape of one host input set, on the staging device, allocated now.
+
+        Whether every onnxruntime build allocates on "cuda" for AMD GPUs is not confirmed (newer
+        Python layers have a MIGraphX allocator; early ROCm ones allocated CUDA memory only), so the
+        error says how to run without staging."""
+        device, device_id = self._input_device or "cpu", self._staging_id()
+        try:
+            return ort.OrtValue.ortvalue_from_shape_and_type(list(host.shape), host.dtype.type, device, device_id)
+        except Exception as exc:  # ORT raises RuntimeError or its own types
+            raise BackendError(f"OrtValue.ortvalue_from_shape_and_type({list(host.shape)}, {host.dtype}, "
+                               f"{device!r}, {device_id}) failed: {_first_line(exc)}; with io_binding: false "
+                               f"ONNX Runtime copies each batch to the device itself") from exc
+
+    def _warm_up(self) -> None:
+        """Run every batch size once now, so that what a GPU provider does on first sight of a shape
+        (TensorRT builds or loads its engine, MIGraphX compiles, cuDNN picks convolution algorithms)
+        happens before the service reports READY and not on the first frames."""
+        started = time.monotonic()
+        for n in self.batch_sizes:
+            self.run(n)
+        log.info("warmed up %s on %s in %.1f s%s", self.model_path, self.active_provider,
+                 time.monotonic() - started, f" (engine cache {self.cache_folder})" if self.cache_folder else "")
+
+    def _create_session(self, max_batch: int, input_hw: tuple[int, int] | None) -> ort.InferenceSession:
         require_model_file(self.model_path)
         cfg = self.config
         wanted = PROVIDERS[cfg.provider]
-        providers: list = []
-        if cfg.provider != "cpu":
-            options = {"device_id": str(cfg.device_id)}
-            options.update({k: str(v) for k, v in cfg.provider_options.items()})
-            providers.append((wanted, options))
-        providers.append("CPUExecutionProvider")
+        cache: dict[str, str] = {}
+        if cfg.provider in COMPILING and wanted in ort.get_available_providers():
+            self.cache_folder = cache_folder(cfg.cache_dir, self._cache_key(max_batch, input_hw))
+            cache = cache_options(cfg.provider, parse_version(ort.__version__), self.cache_folder)
+        entry = provider_entry(cfg.provider, cfg.device_id, cfg.provider_options, cache)
+        providers = [entry] if cfg.provider == "cpu" else [entry, CPU_PROVIDER]
         opts = session_options(cfg)
         try:
             with warnings.catch_warnings(record=True) as caught:
@@ -126,6 +209,8 @@ class OnnxRuntimeBackend(Backend):
             raise ModelError(f"cannot load model {self.model_path}: {_first_line(exc)}") from exc
         for w in caught:
             log.debug("onnxruntime: %s", w.message)
+        # A provider the build lacks, or whose libraries do not load, is only a warning to ONNX
+        # Runtime: the session silently runs on the next provider in the list.
         self.active_provider = session.get_providers()[0]
         if self.active_provider != wanted:
             message = (f"ONNX Runtime provider {wanted} ({cfg.provider!r}) is not available "
@@ -136,6 +221,14 @@ class OnnxRuntimeBackend(Backend):
                                    "allow_fallback: true to accept the CPU.")
             log.warning("%s (allow_fallback is set)", message)
         return session
+
+    def _cache_key(self, max_batch: int, input_hw: tuple[int, int] | None) -> CacheKey:
+        """What the compiled engine depends on. The input shape follows from the model, `max_batch`
+        and `input_hw` (see `open`), so these key it without loading the model first."""
+        cfg = self.config
+        return CacheKey(model_sha256=model_digest(self.model_path), batch=max_batch, input_hw=input_hw,
+                        precision=precision(cfg.provider, cfg.provider_options),
+                        device=f"{cfg.provider}{cfg.device_id}", runtime=ort.__version__)
 
     @staticmethod
     def _tensor_spec(node) -> TensorSpec:
@@ -165,6 +258,15 @@ class OnnxRuntimeBackend(Backend):
     def description(self) -> str:
         return f"onnxruntime {ort.__version__} {self.active_provider}"
 
+    def telemetry(self) -> dict | None:
+        """The GPU's own view (nvidia-smi / tegrastats / rocm-smi, cached process-wide for a few
+        seconds) while the session runs on a GPU provider; None on the CPU. Makes no ONNX Runtime
+        call, so any thread may ask."""
+        kind = TELEMETRY_KINDS.get(self.config.provider)
+        if kind is None or self.active_provider in ("", CPU_PROVIDER):
+            return None
+        return gpu_telemetry(kind, self.config.device_id)
+
     def run(self, n: int, input_set: int = 0, output_set: int = 0) -> list[np.ndarray]:
         session, spec = self._session, self._spec
         if session is None or spec is None:
@@ -177,12 +279,23 @@ class OnnxRuntimeBackend(Backend):
             return self._run_unbound(session, spec, n, self._inputs[input_set])
         if not 0 <= output_set < len(self._output_sets):
             raise BackendError(f"output set {output_set} outside 0..{len(self._output_sets) - 1}")
+        if self._device_inputs:
+            # Into the tensor's own memory; a copy of the whole set, as update_inplace takes no part.
+            self._device_inputs[input_set].update_inplace(self._inputs[input_set])
         if self._dynamic_batch:
-            session.run_with_iobinding(self._binding(session, spec, input_set, output_set, 0, n))
+            self._run_bound(session, self._binding(session, spec, input_set, output_set, 0, n))
         else:
             for start in range(0, n, self._chunk):
-                session.run_with_iobinding(self._binding(session, spec, input_set, output_set, start, self._chunk))
+                self._run_bound(session, self._binding(session, spec, input_set, output_set, start, self._chunk))
         return [o[:n] for o in self._output_sets[output_set]]
+
+    def _run_bound(self, session: ort.InferenceSession, binding: ort.IOBinding) -> None:
+        if self._device_inputs:
+            # update_inplace copies with a plain cudaMemcpy, which from pageable memory may return
+            # before the DMA is done, and the providers compute on streams of their own:
+            # SynchronizeInputs has the input nodes' providers Sync() the device first.
+            binding.synchronize_inputs()
+        session.run_with_iobinding(binding)
 
     def _binding(self, session: ort.InferenceSession, spec: ModelSpec, input_set: int, output_set: int,
                  start: int, count: int) -> ort.IOBinding:
@@ -193,7 +306,12 @@ class OnnxRuntimeBackend(Backend):
             binding = session.io_binding()
             i_spec = spec.input
             view = self._inputs[input_set][start:start + count]
-            binding.bind_input(i_spec.name, "cpu", 0, i_spec.dtype.type, list(view.shape), view.ctypes.data)
+            if self._device_inputs:
+                address = self._device_inputs[input_set].data_ptr() + start * view[0].nbytes
+                binding.bind_input(i_spec.name, self._input_device or "cpu", self._staging_id(),
+                                   i_spec.dtype.type, list(view.shape), address)
+            else:
+                binding.bind_input(i_spec.name, "cpu", 0, i_spec.dtype.type, list(view.shape), view.ctypes.data)
             for o_spec, buf in zip(spec.outputs, self._output_sets[output_set]):
                 out = buf[start:start + count]
                 binding.bind_output(o_spec.name, "cpu", 0, o_spec.dtype.type, list(out.shape), out.ctypes.data)
@@ -212,9 +330,11 @@ class OnnxRuntimeBackend(Backend):
 
     def close(self) -> None:
         self._bindings.clear()
-        self._session = None
         self._output_sets = []
+        self._device_inputs = []
+        self._input_device = None
         self._inputs = []
+        self._session = None
 
 
 def session_options(cfg: OnnxRuntimeConfig) -> ort.SessionOptions:

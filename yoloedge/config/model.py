@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -13,6 +14,26 @@ PROVIDERS: dict[str, str] = {
     "migraphx": "MIGraphXExecutionProvider",
     "rocm": "ROCMExecutionProvider",  # onnxruntime-rocm <= 1.22 only; newer builds use migraphx
 }
+
+#: the folder under the cache root that holds ONNX Runtime's compiled engines and programs.
+CACHE_APP_DIR = "yoloedge"
+
+
+def default_cache_dir(environ: Mapping[str, str]) -> str:
+    """Where compiled engines go when `cache_dir` is not set, from the environment given.
+
+    systemd's `CacheDirectory=yoloedge` sets $CACHE_DIRECTORY (the unit runs with ProtectHome and
+    ProtectSystem=strict, so nothing under the home or /var is writable without it); a user running
+    the CLI gets the XDG cache folder. $CACHE_DIRECTORY may list several folders separated by ':'
+    when a unit names several; the first is ours."""
+    systemd = environ.get("CACHE_DIRECTORY", "").split(":")[0]
+    if systemd:
+        return systemd
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):  # the XDG spec: a relative value is invalid and ignored
+        return os.path.join(xdg, CACHE_APP_DIR)
+    home = environ.get("HOME") or os.path.expanduser("~")
+    return os.path.join(home, ".cache", CACHE_APP_DIR)
 
 
 @dataclass(frozen=True)
@@ -66,3 +87,7 @@ class OnnxRuntimeConfig:
     qdq_fusion: bool = True
     #: bind inputs/outputs to our preallocated buffers (no per-run allocation).
     io_binding: bool = True
+    #: root of the on-disk caches of TensorRT engines and MIGraphX programs (one subfolder per
+    #: model hash, batch, input size, precision and device, so a restart builds nothing). Resolved
+    #: when the config is built: see `default_cache_dir`.
+    cache_dir: str = field(default_factory=lambda: default_cache_dir(os.environ))
