@@ -160,7 +160,11 @@ def test_empty_sections_take_their_defaults(tmp_path, model):
     assert config.cameras == () and config.mqtt == MqttConfig() and len(config.accelerators) == 1
 
 
-def test_accelerators_backends_and_sections(tmp_path, model):
+def test_accelerators_backends_and_sections(tmp_path):
+    # One model for three kinds of backend only loads with a suffix none of them claims (an .onnx on
+    # the Ascend accelerator is refused: see test_model_file_kind_must_suit_the_backend).
+    model = tmp_path / "yolov8n.model"
+    model.write_bytes(b"not really a model: the loader never opens it")
     path = write(tmp_path, f"""
         device_id: edge-01
         model: {{path: {model}}}
@@ -352,8 +356,21 @@ BAD = [
      "accelerators[0].simulated", "the simulated section applies only to backend simulated"),
     ("bad-provider", "accelerators:\n  - provider: cude\n", 5, "accelerators[0].provider",
      "must be one of: cpu, cuda, tensorrt, migraphx, rocm (did you mean 'cuda'?)"),
-    ("ort-key-on-other-backend", "accelerators:\n  - backend: ascend\n    provider: cuda\n", 6,
-     "accelerators[0].provider", "applies only to backend onnxruntime"),
+    ("ort-key-on-other-backend", "accelerators:\n  - backend: simulated\n    provider: cuda\n", 6,
+     "accelerators[0].provider", "provider applies only to backend onnxruntime"),
+    ("onnx-model-on-ascend", "accelerators:\n  - backend: ascend\n", 5, "accelerators[0].backend",
+     "backend ascend runs .om files, but model.path is a .onnx file (for onnxruntime, simulated); "
+     "convert the model with `yoloedge convert atc`"),
+    ("onnx-model-on-tensorrt", "accelerators:\n  - backend: tensorrt\n", 5, "accelerators[0].backend",
+     "backend tensorrt runs .engine/.plan/.trt files, but model.path is a .onnx file (for onnxruntime, "
+     "simulated); build an engine with "
+     "`yoloedge convert trt`"),
+    ("tensorrt-section-on-ort", "accelerators:\n  - provider: cpu\n    tensorrt: {}\n", 6,
+     "accelerators[0].tensorrt", "the tensorrt section applies only to backend tensorrt (this accelerator's "
+     "backend is onnxruntime)"),
+    ("unknown-backend", "accelerators:\n  - backend: tensorrtx\n", 5, "accelerators[0].backend",
+     "must be one of: onnxruntime, ascend, tensorrt, simulated, or a custom backend as package.module:ClassName "
+     "(did you mean 'tensorrt'?)"),
     ("realtime-false-on-rtsp", "cameras:\n  - name: a\n    url: rtsp://h/s\n    realtime: false\n", 7,
      "cameras[0].realtime", "false is not allowed: only for files and folders"),
     ("loop-on-device", "cameras:\n  - name: a\n    url: /dev/video0\n    loop: true\n", 7,

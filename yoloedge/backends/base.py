@@ -22,7 +22,7 @@ Neither `run` nor anything else after `open` may allocate per batch.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -32,8 +32,15 @@ from ..model.spec import ModelSpec
 
 
 class Backend(ABC):
-    #: Registry key, e.g. "onnxruntime", "ascend".
+    #: Catalogue key (`config.catalogue`), e.g. "onnxruntime", "ascend".
     name: str = ""
+
+    def __init__(self, model_path: str, config: Any = None) -> None:
+        """Cheap and device-free: the worker constructs the backend anywhere, then calls `open` on
+        the thread that will own the device. `config` is the catalogue entry's per-device settings
+        object (a custom backend gets its `options:` mapping with `device_id` added)."""
+        self.model_path = model_path
+        self.config = config
 
     @abstractmethod
     def open(self, max_batch: int, input_hw: tuple[int, int] | None = None, *,

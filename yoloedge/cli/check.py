@@ -9,6 +9,7 @@ run next to the running daemon, e.g. before `systemctl reload yoloedge`.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import sys
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Mapping, TextIO
 
+from ..config import Config
+from ..config.catalogue import CATALOGUE
 from ..config.errors import EX_CONFIG, ConfigError, ConfigIssue
 from ..config.loader import DEFAULT_PATH, load_config, read_text_file
 from ..textsafe import printable
@@ -44,7 +47,33 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         return EX_CONFIG
     print(printable(f"{args.config}: OK ({_count(len(config.cameras), 'camera')}, "
                     f"{_count(len(config.accelerators), 'accelerator')})"), file=out)
+    for note in runtime_notes(config):
+        print(printable(f"{args.config}: note: {note}"), file=err)
     return 0
+
+
+def runtime_notes(config: Config) -> list[str]:
+    """One line per accelerator whose backend runtime is not installed on this machine. A note, not
+    an error: the file is valid, and `check` may run where the daemon will not (a build host)."""
+    notes = []
+    for accelerator in config.accelerators:
+        entry = CATALOGUE.get(accelerator.backend)
+        if entry is not None:
+            missing, install = entry.missing_runtime(), entry.install
+        else:
+            module = accelerator.backend.split(":", 1)[0]
+            missing, install = (module if not module_found(module) else None), f"make {module!r} importable"
+        if missing is not None:
+            notes.append(f"accelerator {accelerator.name} (backend {accelerator.backend}): the module {missing!r} "
+                         f"is not installed here, so its workers would fail to start; install: {install}")
+    return notes
+
+
+def module_found(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _count(n: int, noun: str) -> str:

@@ -20,7 +20,8 @@ from typing import Iterator, TextIO
 
 import numpy as np
 
-from ..config import ModelConfig, OnnxRuntimeConfig, PROVIDERS
+from ..config import PROVIDERS, AcceleratorConfig, ModelConfig, OnnxRuntimeConfig
+from ..config.catalogue import BACKEND_NAMES, CATALOGUE
 from ..errors import ImageError, YoloedgeError
 from ..postprocess import FORMATS
 from ..redact import SECRETS, redact_text, redact_value
@@ -35,7 +36,11 @@ def add_parser(sub) -> None:
                        description="Run a YOLO model on images and print the detections "
                                    "(boxes in source-image pixels).")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders of images")
-    p.add_argument("-m", "--model", required=True, help="ONNX model file")
+    p.add_argument("-m", "--model", required=True,
+                   help="model file: ONNX, or what --backend runs (.om for ascend, .engine for tensorrt)")
+    p.add_argument("--backend", choices=BACKEND_NAMES, default="onnxruntime",
+                   help="runtime that runs the model (default onnxruntime): "
+                        + "; ".join(f"{e.name}: {e.summary}" for e in CATALOGUE.values()))
     p.add_argument("--format", choices=FORMATS, help="output layout (default: recognised from the model)")
     p.add_argument("--conf", type=float, default=0.25, help="minimum score (default 0.25)")
     p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold (default 0.45)")
@@ -52,7 +57,7 @@ def add_parser(sub) -> None:
     p.add_argument("--letterbox", choices=("center", "topleft"), help="override image placement")
     p.add_argument("--provider", choices=tuple(PROVIDERS), default="cpu",
                    help="ONNX Runtime execution provider (default cpu)")
-    p.add_argument("--device-id", type=int, default=0, help="accelerator index for the provider")
+    p.add_argument("--device-id", type=int, default=0, help="accelerator index for the backend or provider")
     p.add_argument("--batch", type=int, default=1, help="frames per inference for dynamic-batch models")
     p.add_argument("--json", action="store_true", help="one JSON object per image and line")
     p.set_defaults(func=run)
@@ -66,6 +71,9 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
             SECRETS.add_url(arg)  # before any message: one may quote the argument in any form
     if not 0 <= args.conf <= 1 or not 0 <= args.iou <= 1:
         print("yoloedge detect: --conf and --iou must lie between 0 and 1", file=err)
+        return 2
+    if args.backend != "onnxruntime" and args.provider != "cpu":
+        print(f"yoloedge detect: --provider applies only to --backend onnxruntime, not {args.backend}", file=err)
         return 2
     if args.batch < 1 or args.max_det < 1:
         print("yoloedge detect: --batch and --max-det must be at least 1", file=err)
@@ -81,9 +89,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         max_det=args.max_det, agnostic_nms=args.agnostic_nms, letterbox=args.letterbox, imgsz=imgsz,
         classes=[c.strip() for c in args.classes.split(",") if c.strip()] if args.classes else None)
     try:
-        detector = open_detector(config, "onnxruntime",
-                                 OnnxRuntimeConfig(provider=args.provider, device_id=args.device_id),
-                                 max_batch=args.batch)
+        detector = open_detector(config, args.backend, backend_settings(args), max_batch=args.batch)
     except YoloedgeError as exc:
         print(printable(redact_text(f"yoloedge detect: {exc}"), keep_newlines=True), file=err)
         return 2
@@ -103,6 +109,14 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
     finally:
         detector.close()
     return 2 if failed else 0
+
+
+def backend_settings(args: argparse.Namespace) -> object:
+    """The settings object `--backend` takes for device `--device-id`: its catalogue defaults, with
+    `--provider` for ONNX Runtime."""
+    accelerator = AcceleratorConfig(backend=args.backend,
+                                    onnxruntime=OnnxRuntimeConfig(provider=args.provider))
+    return CATALOGUE[args.backend].device_config(accelerator, args.device_id)
 
 
 def _images(paths: list[str], err: TextIO) -> Iterator[tuple[str, np.ndarray | None]]:

@@ -1,32 +1,26 @@
 """The `accelerators:` list: which backend runs the model on which devices, and its settings.
 
-ONNX Runtime settings sit directly on the accelerator (`provider: cuda`); other built-in backends
-take theirs in a section named after them (`ascend: {...}`), and custom backends
-(`backend: package.module:Class`) in `options: {...}`. The `ascend:` and `simulated:` sections are
-validated by `config.ascend` and `config.simulated`; the others are passed on unvalidated until
-their backends define schemas.
+Which backends exist, which keys hold their settings and how those are validated comes from
+`config.catalogue`: ONNX Runtime settings sit directly on the accelerator (`provider: cuda`), other
+built-in backends take theirs in a section named after them (`ascend: {...}`, `tensorrt: {...}`), and
+custom backends (`backend: package.module:Class`) in `options: {...}`, passed on unvalidated.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
-from .ascend import read_ascend_section
-from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Choice, Context, Integer, Number, Reader, Text, did_you_mean,
+from .catalogue import BACKEND_NAMES, CATALOGUE, PLUGIN_OPTIONS_KEY, owner_of_key
+from .fields import (INVALID, MAX_NAME_BYTES, Context, Integer, Number, Reader, Text, did_you_mean,
                      mapping_or_report, plain, read_present, report_duplicate_names, report_unknown_keys,
                      sequence_or_report)
-from .model import PROVIDERS, OnnxRuntimeConfig
-from .schema import BACKENDS, AcceleratorConfig
-from .simulated import read_simulated_section
+from .schema import AcceleratorConfig
 from .yamltree import Item
 
 #: "package.module:ClassName", a backend class outside yoloedge.
 PLUGIN_BACKEND = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
-GRAPH_OPTIMIZATION = ("disable", "basic", "extended", "all")
-#: built-in backends other than ONNX Runtime take their settings in a section named after them.
-BACKEND_SECTIONS = tuple(b for b in BACKENDS if b != "onnxruntime")
-PLUGIN_OPTIONS_KEY = "options"
 #: bounds no deployment reaches: devices per accelerator (and their indices), frames per batch,
 #: how long a partial batch waits, how long one inference may run, failures in a row.
 MAX_DEVICES = 64
@@ -35,9 +29,6 @@ MAX_BATCH = 256
 MAX_BATCH_TIMEOUT_MS = 60_000
 MAX_INFERENCE_TIMEOUT_S = 3600
 MAX_ERRORS = 1_000_000
-#: ONNX Runtime threads per session: each thread has its own arena (100000 took 2.2 GB RSS);
-#: a large server CPU has 192 cores, so 256 leaves room.
-MAX_INTRA_OP_THREADS = 256
 
 
 def read_devices(ctx: Context, item: Item) -> Any:
@@ -57,20 +48,6 @@ def read_devices(ctx: Context, item: Item) -> Any:
     return tuple(indices)
 
 
-def read_provider_options(ctx: Context, item: Item) -> Any:
-    """Handed to the execution provider as strings; nested values make no sense there."""
-    entries = mapping_or_report(ctx, item, optional=True)
-    if entries is None:
-        return {} if item.value is None else INVALID
-    result = {}
-    for key, child in entries.items():
-        if child.is_mapping or child.is_sequence or child.value is None:
-            ctx.bad_value(child, "must be a string, number or true/false")
-            continue
-        result[str(key)] = child.value
-    return INVALID if len(result) != len(entries) else result
-
-
 #: keys every accelerator may have (`backend` is read first: it decides which others apply).
 COMMON_FIELDS: dict[str, Reader] = {
     "name": Text(topic_safe=True, max_bytes=MAX_NAME_BYTES),
@@ -83,16 +60,9 @@ COMMON_FIELDS: dict[str, Reader] = {
     "preprocess_threads": Integer(ge=0, le=64, example=2),
     "post_threads": Integer(ge=0, le=64, example=2),
 }
-ONNXRUNTIME_FIELDS: dict[str, Reader] = {
-    "provider": Choice(tuple(PROVIDERS)),
-    "provider_options": read_provider_options,
-    "allow_fallback": Boolean(),
-    "intra_op_threads": Integer(ge=0, le=MAX_INTRA_OP_THREADS, example=4),
-    "graph_optimization": Choice(GRAPH_OPTIMIZATION),
-    "qdq_fusion": Boolean(),
-    "io_binding": Boolean(),
-}
-ALL_KEYS = ("backend", *COMMON_FIELDS, *ONNXRUNTIME_FIELDS, *BACKEND_SECTIONS, PLUGIN_OPTIONS_KEY)
+#: every key an accelerator may have: the common ones, each backend's settings keys, plugin options.
+ALL_KEYS = ("backend", *COMMON_FIELDS, *(key for entry in CATALOGUE.values() for key in entry.settings_keys),
+            PLUGIN_OPTIONS_KEY)
 
 
 def default_accelerators() -> tuple[AcceleratorConfig, ...]:
@@ -131,10 +101,11 @@ def read_accelerator(ctx: Context, item: Item, index: int) -> Any:
         return INVALID
     report_keys_of_other_backends(ctx, entries, backend)
     values = read_present(ctx, entries, COMMON_FIELDS)
-    if backend == "onnxruntime":
-        values["onnxruntime"] = read_onnxruntime(ctx, entries)
+    entry = CATALOGUE.get(backend)
+    if entry is not None:
+        values.update(entry.read_settings(ctx, entries))
     else:
-        values["options"] = read_backend_options(ctx, entries, backend)
+        values["options"] = read_plugin_options(ctx, entries.get(PLUGIN_OPTIONS_KEY))
     if INVALID in values.values():
         return INVALID
     values.setdefault("name", default_name(backend, index))
@@ -143,50 +114,63 @@ def read_accelerator(ctx: Context, item: Item, index: int) -> Any:
 
 def read_backend(ctx: Context, item: Item) -> Any:
     value = item.value
-    if isinstance(value, str) and (value in BACKENDS or PLUGIN_BACKEND.fullmatch(value)):
+    if isinstance(value, str) and (value in CATALOGUE or PLUGIN_BACKEND.fullmatch(value)):
         return value
-    hint = did_you_mean(value, BACKENDS) if isinstance(value, str) else None
-    return ctx.bad_value(item, f"must be one of: {', '.join(BACKENDS)}, "
+    hint = did_you_mean(value, BACKEND_NAMES) if isinstance(value, str) else None
+    return ctx.bad_value(item, f"must be one of: {', '.join(BACKEND_NAMES)}, "
                                f"or a custom backend as package.module:ClassName", hint)
 
 
 def report_keys_of_other_backends(ctx: Context, entries: dict, backend: str) -> None:
     """`provider:` on an Ascend accelerator is a misunderstanding worth a precise message."""
     for key, child in entries.items():
-        if key in ONNXRUNTIME_FIELDS and backend != "onnxruntime":
-            ctx.problem(child, f"applies only to backend onnxruntime (this accelerator's backend is {backend})")
-        elif key in BACKEND_SECTIONS and key != backend:
-            ctx.problem(child, f"the {key} section applies only to backend {key} "
+        owner = owner_of_key(key)
+        if owner is not None and owner.name != backend:
+            what = f"the {key} section" if key == owner.name else key
+            ctx.problem(child, f"{what} applies only to backend {owner.name} "
                                f"(this accelerator's backend is {backend})")
-        elif key == PLUGIN_OPTIONS_KEY and backend in BACKENDS:
+        elif key == PLUGIN_OPTIONS_KEY and backend in CATALOGUE:
             ctx.problem(child, f"only for custom backends (package.module:Class); "
                                f"{backend} takes its settings in {_settings_place(backend)}")
 
 
 def _settings_place(backend: str) -> str:
-    if backend in BACKEND_SECTIONS:
+    keys = CATALOGUE[backend].settings_keys
+    if keys == (backend,):
         return f"the {backend}: section"
-    return "keys of the accelerator itself (provider, provider_options, ...)"
+    return f"keys of the accelerator itself ({', '.join(keys[:2])}, ...)"
 
 
-def read_onnxruntime(ctx: Context, entries: dict) -> Any:
-    values = read_present(ctx, entries, ONNXRUNTIME_FIELDS)
-    if INVALID in values.values():
-        return INVALID
-    return OnnxRuntimeConfig(**values)
-
-
-def read_backend_options(ctx: Context, entries: dict, backend: str) -> Any:
-    """The backend's own section: validated where the backend has a schema (ascend), else passed
-    on unvalidated."""
-    if backend == "ascend":
-        return read_ascend_section(ctx, entries.get("ascend"))
-    if backend == "simulated":
-        return read_simulated_section(ctx, entries.get("simulated"))
-    key = backend if backend in BACKEND_SECTIONS else PLUGIN_OPTIONS_KEY
-    if key not in entries:
+def read_plugin_options(ctx: Context, item: Item | None) -> Any:
+    """A custom backend's `options:`, passed on unvalidated: only its own class knows them."""
+    if item is None:
         return {}
-    section = mapping_or_report(ctx, entries[key], optional=True)
+    section = mapping_or_report(ctx, item, optional=True)
     if section is None:
-        return {} if entries[key].value is None else INVALID
+        return {} if item.value is None else INVALID
     return {k: plain(v) for k, v in section.items()}
+
+
+def check_model_file_kind(ctx: Context, items: Item, accelerators: tuple[AcceleratorConfig, ...],
+                          model_path: str) -> None:
+    """An `.onnx` model on a TensorRT accelerator (or an engine on ONNX Runtime) cannot run: say so at
+    `check` rather than when every worker fails. Only a suffix that another backend claims is
+    refused; an unusual suffix is left to the backend, which reads the file."""
+    suffix = os.path.splitext(model_path)[1].lower()
+    for accelerator, item in zip(accelerators, items.value if items.is_sequence else ()):
+        entry = CATALOGUE.get(accelerator.backend)
+        if entry is None or not suffix or suffix in entry.model_suffixes:
+            continue
+        others = [e.name for e in CATALOGUE.values() if suffix in e.model_suffixes]
+        if others:
+            where = item.value.get("backend", item) if item.is_mapping else item
+            ctx.problem(where, f"backend {entry.name} runs {'/'.join(entry.model_suffixes)} files, but model.path "
+                               f"is a {suffix} file (for {', '.join(others)}); {_conversion_hint(entry.name)}")
+
+
+def _conversion_hint(backend: str) -> str:
+    if backend == "tensorrt":
+        return "build an engine with `yoloedge convert trt` and point model.path at it"
+    if backend == "ascend":
+        return "convert the model with `yoloedge convert atc` and point model.path at the .om"
+    return f"point model.path at a {'/'.join(CATALOGUE[backend].model_suffixes)} file"

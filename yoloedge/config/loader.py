@@ -27,7 +27,7 @@ from ..files import FileProblem, file_type, read_bounded
 from ..model.labels import MAX_CLASSES, MAX_LABELS_BYTES
 from ..postprocess.layouts import FORMATS
 from ..redact import SECRETS
-from .accelerators import default_accelerators, read_accelerators
+from .accelerators import check_model_file_kind, default_accelerators, read_accelerators
 from .cameras import check_camera_accelerators, read_cameras
 from .errors import ConfigError, ConfigIssue, IssueLog
 from .fields import (INVALID, MAX_NAME_BYTES, MAX_TEXT_BYTES, Boolean, Choice, Context, FilePath, Integer, Number,
@@ -124,6 +124,8 @@ def build_config(ctx: Context, root: Item | None, source: str) -> Config | None:
     values.setdefault("accelerators", default_accelerators())
     if accelerators_ok and "cameras" in root.value:
         check_camera_accelerators(ctx, root.value["cameras"], values["accelerators"])
+    if "accelerators" in root.value and accelerators_ok and "model" in values:
+        check_model_file_kind(ctx, root.value["accelerators"], values["accelerators"], values["model"].path)
     if any(key not in values for key in TOP_REQUIRED):
         return None
     return Config(source=source, **values)

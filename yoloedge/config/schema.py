@@ -8,9 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from .catalogue import BACKEND_NAMES
 from .model import ModelConfig, OnnxRuntimeConfig
 
-BACKENDS = ("onnxruntime", "ascend", "tensorrt", "simulated")
+#: the built-in backends (`config.catalogue` describes each).
+BACKENDS = BACKEND_NAMES
 
 
 @dataclass(frozen=True)

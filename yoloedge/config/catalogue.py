@@ -1,0 +1,141 @@
+"""Every built-in backend, once: the one list that the schema, `yoloedge check`, the workers, the CLI
+and the documentation all read.
+
+Before this list, the schema accepted `backend: tensorrt` while the registry had no such backend:
+`check` said OK and every worker then failed with "unknown backend". Now a name is valid exactly
+when it has an entry here, and the entry carries everything about the backend that is not device
+work:
+
+* where its class lives (imported only when an accelerator uses it, so `acl` or `tensorrt` are
+  never needed on a machine that does not use them);
+* which accelerator keys hold its settings, how they are validated, and how they become the
+  per-device settings object its constructor takes;
+* which runtime modules it needs and what to install when they are missing (`check` looks for them
+  without importing them);
+* the model files it runs and one line for the docs.
+
+The entries name their class by module path, not by import, so this module (and the config
+package) never depends on a backend module: backends depend on config, not the other way round.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from .ascend import ascend_config, read_ascend_section
+from .fields import Context
+from .ort import ONNXRUNTIME_FIELDS, read_onnxruntime_settings
+from .simulated import read_simulated_section, simulated_config
+from .tensorrt import read_tensorrt_section, tensorrt_config
+from .yamltree import Item
+
+if TYPE_CHECKING:
+    from .schema import AcceleratorConfig
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    name: str
+    #: "package.module" and class name of the `Backend` subclass, imported on first use.
+    module: str
+    class_name: str
+    #: one line for `--help` and the README's backend table.
+    summary: str
+    #: model file suffixes this backend runs (the first is the usual one).
+    model_suffixes: tuple[str, ...]
+    #: modules the backend imports to reach its runtime; `check` reports a missing one.
+    runtime_modules: tuple[str, ...]
+    #: what to install when a runtime module is missing.
+    install: str
+    #: accelerator keys that hold this backend's settings (a section, or for ONNX Runtime its own keys).
+    settings_keys: tuple[str, ...]
+    #: (ctx, the accelerator's entries) -> AcceleratorConfig fields holding the validated settings;
+    #: a value is INVALID after a report.
+    read_settings: Callable[[Context, dict[str, Item]], dict[str, Any]]
+    #: (accelerator, device index) -> the settings object the backend's constructor takes.
+    device_config: Callable[[AcceleratorConfig, int], Any]
+
+    def missing_runtime(self) -> str | None:
+        """The first runtime module that cannot be found here, or None. Looks without importing it
+        (only parent packages of a dotted name are imported): an import of `tensorrt` or `acl` can
+        take seconds and touch the driver."""
+        for module in self.runtime_modules:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):  # a parent package is missing or broken
+                found = False
+            if not found:
+                return module
+        return None
+
+
+def _section_reader(key: str, read: Callable[[Context, Item | None], Any]) -> Callable[..., dict[str, Any]]:
+    def read_settings(ctx: Context, entries: dict[str, Item]) -> dict[str, Any]:
+        return {"options": read(ctx, entries.get(key))}
+    return read_settings
+
+
+def _section_device_config(make: Callable[[Mapping[str, Any], int], Any]) -> Callable[..., Any]:
+    def device_config(accelerator: AcceleratorConfig, device: int) -> Any:
+        return make(accelerator.options, device)
+    return device_config
+
+
+def _onnxruntime_settings(ctx: Context, entries: dict[str, Item]) -> dict[str, Any]:
+    return {"onnxruntime": read_onnxruntime_settings(ctx, entries)}
+
+
+def _onnxruntime_device_config(accelerator: AcceleratorConfig, device: int) -> Any:
+    return replace(accelerator.onnxruntime, device_id=device)
+
+
+CATALOGUE: dict[str, BackendEntry] = {entry.name: entry for entry in (
+    BackendEntry(
+        name="onnxruntime", module="yoloedge.backends.onnxruntime", class_name="OnnxRuntimeBackend",
+        summary="ONNX Runtime: CPU, or NVIDIA (CUDA, TensorRT) and AMD (MIGraphX) GPUs through its providers",
+        model_suffixes=(".onnx",), runtime_modules=("onnxruntime",),
+        install="pip install onnxruntime (CPU), onnxruntime-gpu (CUDA/TensorRT) or onnxruntime-migraphx (AMD)",
+        settings_keys=tuple(ONNXRUNTIME_FIELDS),
+        read_settings=_onnxruntime_settings, device_config=_onnxruntime_device_config),
+    BackendEntry(
+        name="ascend", module="yoloedge.backends.ascend", class_name="AscendBackend",
+        summary="Huawei Atlas (Ascend NPU) through CANN's pyACL, running .om models built by ATC",
+        model_suffixes=(".om",), runtime_modules=("acl",),
+        install="pyACL comes with Huawei CANN: source /usr/local/Ascend/ascend-toolkit/set_env.sh "
+                "(it is NOT the PyPI package 'pyacl')",
+        settings_keys=("ascend",),
+        read_settings=_section_reader("ascend", read_ascend_section),
+        device_config=_section_device_config(ascend_config)),
+    BackendEntry(
+        name="tensorrt", module="yoloedge.backends.tensorrt", class_name="TensorRTBackend",
+        summary="NVIDIA TensorRT 8.6 / 10.x (Jetson, GPUs), running engines built by trtexec",
+        model_suffixes=(".engine", ".plan", ".trt"), runtime_modules=("tensorrt", "cuda.bindings.runtime"),
+        install="TensorRT comes with JetPack on Jetson (pip install tensorrt elsewhere) and "
+                "pip install 'yoloedge[jetson]' for cuda-python",
+        settings_keys=("tensorrt",),
+        read_settings=_section_reader("tensorrt", read_tensorrt_section),
+        device_config=_section_device_config(tensorrt_config)),
+    BackendEntry(
+        name="simulated", module="yoloedge.backends.simulated", class_name="SimulatedBackend",
+        summary="a simulated device that takes a set time per batch (capacity planning and tests)",
+        model_suffixes=(".onnx",), runtime_modules=("onnxruntime",),
+        install="pip install onnxruntime (the simulated device records its outputs with it)",
+        settings_keys=("simulated",),
+        read_settings=_section_reader("simulated", read_simulated_section),
+        device_config=_section_device_config(simulated_config)),
+)}
+
+#: registered backend names, in the order the docs list them.
+BACKEND_NAMES: tuple[str, ...] = tuple(CATALOGUE)
+#: the accelerator key that holds a custom backend's (`package.module:Class`) settings, unvalidated.
+PLUGIN_OPTIONS_KEY = "options"
+
+
+def owner_of_key(key: str) -> BackendEntry | None:
+    """The backend whose settings live under accelerator key `key`, if any."""
+    for entry in CATALOGUE.values():
+        if key in entry.settings_keys:
+            return entry
+    return None

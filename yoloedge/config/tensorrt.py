@@ -1,0 +1,61 @@
+"""The `tensorrt:` section of an accelerator: settings of the native TensorRT backend.
+
+Kept small on purpose, as the `ascend:` section is: what the model is (labels, format) lives in the
+`model:` section, because an engine carries no Ultralytics metadata; tensor shapes, data types and
+the batch range come from the engine itself.
+
+    tensorrt:
+      profile: 0                  # the engine's optimisation profile to run (trtexec builds one: 0)
+      source_onnx: yolov8n.onnx   # the ONNX the engine was built from (for `yoloedge verify`)
+      telemetry: true             # nvidia-smi (tegrastats on a Jetson) figures in the worker status
+
+The loader keeps the validated values as a plain mapping in `AcceleratorConfig.options` (the place
+`yoloedge verify` reads `source_onnx` from); `tensorrt_config` turns it into a `TensorRTConfig` per
+device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .ascend import read_source_onnx
+from .fields import Boolean, Context, Integer, Reader, read_section
+from .yamltree import Item
+
+#: no trtexec command line builds more profiles than this; a larger index is a typo.
+MAX_PROFILE = 63
+
+
+@dataclass(frozen=True)
+class TensorRTConfig:
+    """Per-device settings handed to `TensorRTBackend`."""
+
+    #: the GPU (CUDA device index, as `cudaSetDevice` and `nvidia-smi` number them).
+    device_id: int = 0
+    #: the optimisation profile the execution context runs; trtexec builds one (index 0).
+    profile: int = 0
+    #: the ONNX the engine was built from, resolved against the config file's folder; only
+    #: `yoloedge verify` reads it (the backend records it, nothing at run time depends on it).
+    source_onnx: str | None = None
+    #: the GPU's temperature, load, memory and power (nvidia-smi; tegrastats on a Jetson), cached
+    #: for a few seconds, in the worker's status.
+    telemetry: bool = True
+
+
+TENSORRT_FIELDS: dict[str, Reader] = {
+    "profile": Integer(ge=0, le=MAX_PROFILE, example=0),
+    "source_onnx": read_source_onnx,
+    "telemetry": Boolean(),
+}
+
+
+def read_tensorrt_section(ctx: Context, item: Item | None) -> Any:
+    """The validated `tensorrt:` mapping (absent or null: all defaults); INVALID after a report."""
+    return read_section(ctx, item, TENSORRT_FIELDS)
+
+
+def tensorrt_config(options: Mapping[str, Any], device: int) -> TensorRTConfig:
+    """The backend's settings for one device, from the validated section (an unknown key is a
+    TypeError: the loader lets none through, so it would be a programming error)."""
+    return TensorRTConfig(**{**dict(options), "device_id": device})
