@@ -540,3 +540,77 @@ def test_cli_trt_runs_the_tool(fixed_v8, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert engine.read_text() == "engine\n"
     assert "backend: tensorrt" in proc.stdout
+
+
+# -- trtexec flags per TensorRT version, and the config the command prints --------------------------
+
+def test_trtexec_workspace_flag_follows_the_tensorrt_version(dynamic_v8, tmp_path):
+    model = inspect_onnx(str(dynamic_v8))
+    older = build_trtexec(model, TrtOptions(output=str(tmp_path / "m.engine"), batches=(1, 2, 4), workspace_mb=512,
+                                            trt_version="8.6"))
+    newer = build_trtexec(model, TrtOptions(output=str(tmp_path / "m.engine"), batches=(1, 2, 4), workspace_mb=512,
+                                            trt_version="10"))
+    assert older.argv[-1] == "--workspace=512" and not any("memPoolSize" in a for a in older.argv)
+    assert newer.argv[-1] == "--memPoolSize=workspace:512" and not any("--workspace=" in a for a in newer.argv)
+    assert older.argv[:-1] == newer.argv[:-1]  # the shapes are spelled alike in both
+    assert "--minShapes=images:1x3x64x64" in older.argv and "--maxShapes=images:4x3x64x64" in older.argv
+    with pytest.raises(ConvertError, match="--trt-version must be one of 8.6, 10"):
+        build_trtexec(model, TrtOptions(output=str(tmp_path / "m.engine"), trt_version="9"))
+
+
+def test_trtexec_banner_gives_the_version():
+    from yoloedge.convert.trt import banner_version, version_family
+
+    assert banner_version("&&&& RUNNING TensorRT.trtexec [TensorRT v100300] [b17] # trtexec --help") == "10.3"
+    assert banner_version("&&&& RUNNING TensorRT.trtexec [TensorRT v8601] # trtexec --help") == "8.6"
+    assert banner_version("&&&& RUNNING TensorRT.trtexec [TensorRT v101600]") == "10.16"
+    assert banner_version("trtexec: command not found") is None
+    assert [version_family(v) for v in ("8.6", "8.5.2.2", "10.3", "10.16.0.72", "11.0")] == ["8.6", "8.6", "10", "10",
+                                                                                             "10"]
+
+
+@pytest.mark.parametrize("banner, flag", [("v8601", "--workspace=256"), ("v100300", "--memPoolSize=workspace:256")])
+def test_cli_trt_takes_the_flags_of_the_trtexec_here(dynamic_v8, tmp_path, banner, flag):
+    fake = f"""\
+        echo "&&&& RUNNING TensorRT.trtexec [TensorRT {banner}] # trtexec $*"
+        """
+    proc = convert("trt", "--onnx", dynamic_v8, "--output", tmp_path / "m.engine", "--batch", "1,2,4",
+                   "--workspace-mb", "256", "--dry-run", env=bare_env(tmp_path, {"trtexec": fake}))
+    assert proc.returncode == 0, proc.stderr
+    assert script_command(tmp_path / "m.trtexec.sh")[-1] == flag
+    version = "8.6" if banner == "v8601" else "10.3"
+    assert f"is TensorRT {version})" in proc.stdout
+
+
+def test_cli_trt_version_option_without_trtexec(dynamic_v8, tmp_path):
+    proc = convert("trt", "--onnx", dynamic_v8, "--output", tmp_path / "m.engine", "--workspace-mb", "64",
+                   "--trt-version", "8.6", "--dry-run", env=bare_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert script_command(tmp_path / "m.trtexec.sh")[-1] == "--workspace=64"
+    default = convert("trt", "--onnx", dynamic_v8, "--output", tmp_path / "m.engine", "--workspace-mb", "64",
+                      "--dry-run", env=bare_env(tmp_path))
+    assert script_command(tmp_path / "m.trtexec.sh")[-1] == "--memPoolSize=workspace:64"
+    assert "no TensorRT here; give --trt-version 8.6" in default.stdout
+    bad = convert("trt", "--onnx", dynamic_v8, "--output", tmp_path / "m.engine", "--trt-version", "9",
+                  env=bare_env(tmp_path))
+    assert bad.returncode == 2 and "--trt-version" in bad.stderr
+
+
+def test_cli_trt_prints_a_config_that_loads(dynamic_v8, tmp_path):
+    from yoloedge.config.loader import load_config
+
+    fake = """\
+        for a in "$@"; do case "$a" in --saveEngine=*) echo engine > "${a#--saveEngine=}";; esac; done
+        """
+    engine = tmp_path / "meter.engine"
+    proc = convert("trt", "--onnx", dynamic_v8, "--output", engine, "--batch", "1,4,8",
+                   env=bare_env(tmp_path, {"trtexec": fake}))
+    assert proc.returncode == 0, proc.stderr
+    hint = proc.stdout.split("yoloedge.yaml for this engine:\n")[1].split("then check it")[0]
+    path = tmp_path / "yoloedge.yaml"
+    path.write_text("device_id: edge\n" + textwrap.dedent(hint))
+    config = load_config(str(path), {})
+    (acc,) = config.accelerators
+    assert config.model.path == str(engine)
+    assert (acc.backend, acc.devices, acc.batch) == ("tensorrt", (0,), 8)
+    assert acc.options == {"source_onnx": str(dynamic_v8)}

@@ -353,3 +353,56 @@ def test_wrong_aipp_is_caught(models, images, tmp_path, settings, words):
     assert "DISAGREE" in overall
     for word in words:
         assert word in overall, overall
+
+
+# -- TensorRT, through the fake tensorrt and cuda-python in tests/fakes ------------------------------
+
+def fake_trt_engine(monkeypatch, directory: Path, onnx: Path) -> Path:
+    """A fake engine of `onnx` (tests/fakes/tensorrt), with the fakes importable for this test."""
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "fakes"))
+    from tensorrt import _fake as trt_fake
+
+    if not hasattr(trt_fake, "write_engine"):
+        pytest.skip("the real TensorRT is imported in this process")
+    trt_fake.reset("10.3.0")
+    return Path(trt_fake.write_engine(directory / "yolov8n.engine", onnx, profile=(1, 2, 2), version="10.3"))
+
+
+@pytest.mark.shared
+def test_tensorrt_engine_agrees_with_its_source_onnx(models, images, tmp_path, monkeypatch):
+    shutil.copy(models / V8, tmp_path / "source.onnx")
+    engine = fake_trt_engine(monkeypatch, tmp_path, tmp_path / "source.onnx")
+    config = write_config(tmp_path, engine, accelerators="""\
+        accelerators:
+          - backend: tensorrt
+            batch: 2
+            tensorrt: {source_onnx: source.onnx}
+        """)
+    code, out, err = verify_here("-c", config, "--images", *images)
+    assert code == 0, out + err
+    assert "tensorrt 10.3.0 GPU 0" in out and f"on {tmp_path / 'source.onnx'}" in out
+    assert "overall: agree (2 of 2 image(s) agree)" in out
+
+
+@pytest.mark.shared
+def test_tensorrt_engine_with_the_wrong_colour_order_is_caught(models, images, tmp_path, monkeypatch):
+    engine = fake_trt_engine(monkeypatch, tmp_path, models / V8)
+    config = write_config(tmp_path, engine, extra_model="color: bgr\n", accelerators=f"""\
+        accelerators:
+          - backend: tensorrt
+            tensorrt: {{source_onnx: {models / V8}}}
+        """)
+    code, out, err = verify_here("-c", config, "--images", *images)
+    assert code == 1, out + err
+    assert "DISAGREE" in out.split("overall:")[1] and "colour order" in out
+
+
+@pytest.mark.shared
+def test_tensorrt_engine_without_source_onnx_says_where_to_set_it(models, images, tmp_path, monkeypatch):
+    engine = fake_trt_engine(monkeypatch, tmp_path, models / V8)
+    config = write_config(tmp_path, engine, accelerators="""\
+        accelerators:
+          - backend: tensorrt
+        """)
+    code, out, err = verify_here("-c", config, "--images", *images)
+    assert code == 2 and "--onnx" in err and "source_onnx in the tensorrt section" in err

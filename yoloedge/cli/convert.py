@@ -87,6 +87,10 @@ def _add_trt(tools) -> None:
                    help="batch range of the optimisation profile for dynamic-batch models (e.g. 1,4,8); "
                         "default 1")
     p.add_argument("--workspace-mb", type=int, metavar="N", help="builder workspace limit in MiB")
+    p.add_argument("--trt-version", choices=trt.TRT_VERSIONS,
+                   help="TensorRT of the machine that builds the engine, for the flags its trtexec takes "
+                        "(8.6: --workspace, 10: --memPoolSize); default: the version of the trtexec here, "
+                        "else of the installed tensorrt package, else 10")
     p.set_defaults(func=run_trt)
 
 
@@ -133,9 +137,10 @@ def run_atc(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sy
 def run_trt(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     try:
         model = inspect_onnx(args.onnx)
+        version, how = trt_version(args)
         opts = trt.TrtOptions(output=args.output, fp16=args.fp16, int8=args.int8,
                               batches=parse_batches(args.batch), imgsz=tuple(args.imgsz) if args.imgsz else None,
-                              workspace_mb=args.workspace_mb)
+                              workspace_mb=args.workspace_mb, trt_version=version)
         plan = trt.build_trtexec(model, opts)
         output_dir_ready(plan.script_path)
         write_script(plan.script_path, plan.argv, trt.script_comments(plan, model))
@@ -143,6 +148,7 @@ def run_trt(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sy
         print(f"yoloedge convert trt: {_message(exc)}", file=err)
         return EXIT_INPUT
     _describe_source(model, out)
+    print(f"trtexec flags for TensorRT {version}{'.x' if version == '10' else ''} ({how})", file=out)
     for note in plan.notes:
         print(f"note: {note}", file=err)
     print(f"wrote {plan.script_path}", file=out)
@@ -153,10 +159,18 @@ def run_trt(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sy
         print(f"yoloedge convert trt: trtexec finished but {plan.engine_path} is missing", file=err)
         return 1
     if status == 0:
-        print(f"\nyoloedge.yaml: model.path: {plan.engine_path}, accelerators: - backend: tensorrt, "
-              f"batch: {plan.batch}; check it with: yoloedge verify -c CONFIG --onnx {model.path} --images ...",
+        print("\nyoloedge.yaml for this engine:", file=out)
+        print("\n".join(f"  {line}" for line in trt.config_hint(plan, model)), file=out)
+        print("then check it against the ONNX before deploying: yoloedge verify -c CONFIG --images ...",
               file=out)
     return status
+
+
+def trt_version(args: argparse.Namespace) -> tuple[str, str]:
+    """The trtexec flag family to write, and why: --trt-version, else what is installed here."""
+    if args.trt_version:
+        return args.trt_version, "--trt-version"
+    return trt.detect_trt_version(find_tool("trtexec", (trt.JETSON_TRTEXEC,)))
 
 
 # -- shared ------------------------------------------------------------------------------------

@@ -6,8 +6,11 @@
 
 * A model with open axes (dynamic batch, or dynamic size) needs an optimisation profile: the three
   shape flags, `name:AxBxCxD`. A fully static model takes none.
-* `--memPoolSize=workspace:N` (MiB) is the spelling TensorRT 10 accepts; the older `--workspace=N`
-  was removed in 10.x.
+* The builder's workspace limit is `--workspace=N` (MiB) for TensorRT 8.6 and
+  `--memPoolSize=workspace:N` (MiB) for 10.x, where `--workspace` was removed. Which one is written
+  follows `--trt-version`, by default the version of the trtexec that will run the command (its
+  banner, `[TensorRT v100300]` for 10.3.0, `[TensorRT v8601]` for 8.6.1), else of the installed
+  `tensorrt` Python package, else 10.x.
 * `--fp16` / `--int8` are deprecated from TensorRT 10.15 (superseded by strongly typed networks) and
   absent from the 11.0 help; they still work on the 8.6 / 10.x releases JetPack ships.
 * An engine is tied to the GPU and TensorRT version it was built with: build it on the target.
@@ -15,13 +18,21 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import re
+import subprocess
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .source import ConvertError, SourceModel, fixed_batch_check, resolve_image_shape
 
 #: where JetPack installs trtexec; it is not on PATH there by default.
 JETSON_TRTEXEC = "/usr/src/tensorrt/bin/trtexec"
+#: the trtexec flag families: 8.6 (and older 8.x) and 10.x.
+TRT_VERSIONS = ("8.6", "10")
+#: the first line trtexec prints for any command, e.g. `&&&& RUNNING TensorRT.trtexec [TensorRT v100300]`.
+BANNER = re.compile(r"\[TensorRT v(\d{4,6})\]")
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,7 @@ class TrtOptions:
     batches: tuple[int, ...] | None = None  # B | MIN,MAX | MIN,OPT,MAX
     imgsz: tuple[int, int] | None = None
     workspace_mb: int | None = None
+    trt_version: str = "10"  # one of TRT_VERSIONS: which flags the target's trtexec takes
 
 
 @dataclass(frozen=True)
@@ -77,8 +89,11 @@ def build_trtexec(model: SourceModel, opts: TrtOptions) -> TrtPlan:
         argv.append("--fp16")
     if opts.int8:
         argv.append("--int8")
+    if opts.trt_version not in TRT_VERSIONS:
+        raise ConvertError(f"--trt-version must be one of {', '.join(TRT_VERSIONS)}, got {opts.trt_version!r}")
     if opts.workspace_mb is not None:
-        argv.append(f"--memPoolSize=workspace:{opts.workspace_mb}")
+        argv.append(f"--workspace={opts.workspace_mb}" if opts.trt_version == "8.6"
+                    else f"--memPoolSize=workspace:{opts.workspace_mb}")
     notes = []
     if opts.int8:
         notes.append("--int8 keeps its accuracy only for a quantised (QDQ) ONNX or with a calibration "
@@ -93,3 +108,48 @@ def script_comments(plan: TrtPlan, model: SourceModel) -> list[str]:
             f"Output: {plan.engine_path}"
             + (f" (batch {plan.profile[0]}..{plan.profile[2]}, optimised for {plan.profile[1]})"
                if plan.profile else f" (batch {plan.batch})")]
+
+
+def config_hint(plan: TrtPlan, model: SourceModel) -> list[str]:
+    """The yoloedge.yaml lines that run the engine (and let `yoloedge verify` find its ONNX)."""
+    return ["model:", f"  path: {plan.engine_path}",
+            "accelerators:", "  - backend: tensorrt", "    devices: [0]", f"    batch: {plan.batch}",
+            "    tensorrt:", f"      source_onnx: {os.path.abspath(model.path)}   # for `yoloedge verify`"]
+
+
+def version_family(version: str) -> str:
+    """"10" for TensorRT 10 and later, "8.6" for 8.x (whose trtexec takes --workspace)."""
+    major = version.split(".")[0]
+    return "10" if major.isdigit() and int(major) >= 10 else "8.6"
+
+
+def banner_version(text: str) -> str | None:
+    """"10.3" from `[TensorRT v100300]`, "8.6" from `[TensorRT v8601]` (10.x encodes MMmmpp, 8.x Mmpp)."""
+    found = BANNER.search(text)
+    if found is None:
+        return None
+    n = int(found.group(1))
+    major, minor = (n // 10000, n % 10000 // 100) if n >= 10000 else (n // 1000, n % 1000 // 100)
+    return f"{major}.{minor}"
+
+
+def detect_trt_version(trtexec: str | None,
+                       run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> tuple[str, str]:
+    """(flag family, how it was found): the trtexec that will run the command, else the installed
+    `tensorrt` package, else 10.x. `trtexec --help` prints the banner and exits 0 (there is no
+    --version flag)."""
+    version: str | None = None
+    if trtexec is not None:
+        try:
+            result = run([trtexec, "--help"], capture_output=True, text=True, timeout=60, check=False)
+            version = banner_version(f"{result.stdout}\n{result.stderr}")
+        except (OSError, subprocess.SubprocessError):
+            version = None
+        if version is not None:
+            return version_family(version), f"{trtexec} is TensorRT {version}"
+    try:
+        version = importlib.metadata.version("tensorrt")
+    except importlib.metadata.PackageNotFoundError:
+        found = f"{trtexec} does not say its version" if trtexec else "no TensorRT here"
+        return "10", f"{found}; give --trt-version 8.6 for a TensorRT 8.6 target such as JetPack 5"
+    return version_family(version), f"the installed tensorrt package is {version}"
