@@ -228,3 +228,22 @@ def test_the_daemon_holds_to_the_contract(tmp_path, models, media, references, m
     runs = [e for calls in by_instance.values() for e in [c for c in calls if c["event"] == "run"][1:]]
     assert sum(e["n"] for e in runs) == 84
     assert {e["input_set"] for e in runs} == {0, 1}, "the pipeline double-buffers"
+
+
+@pytest.mark.shared
+def test_detect_runs_a_catalogued_backend_by_name(tmp_path, models, media):
+    """`yoloedge detect --backend tensorrt` on a (fake) engine prints what ONNX Runtime prints."""
+    from tensorrt import _fake
+
+    onnx = models / "yolov8n_coco_int8.onnx"
+    engine = _fake.write_engine(tmp_path / "yolov8n.engine", onnx, batch=1)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{FAKES}:{REPO}"}
+    runs = {}
+    for backend, model in (("onnxruntime", onnx), ("tensorrt", engine)):
+        result = subprocess.run([sys.executable, "-m", "yoloedge", "detect", "--json", "--backend", backend,
+                                 "-m", str(model), str(media / "bus.jpg")], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        runs[backend] = json.loads(result.stdout)["detections"]
+    assert runs["onnxruntime"], "the bus photo has people and a bus"
+    assert not mismatches(runs["tensorrt"], runs["onnxruntime"])
