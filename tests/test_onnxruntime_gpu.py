@@ -246,6 +246,13 @@ def test_provider_entry_spells_flags_as_every_ep_reads_them(tmp_path):
     assert options["trt_engine_cache_path"] == str(tmp_path)
     assert all(isinstance(v, str) for v in options.values())
     assert provider_entry("cpu", 0, {}, {}) == "CPUExecutionProvider"
+    # "1" is how the CUDA and MIGraphX EPs document flags; TensorRT's parser would refuse it.
+    _, options = provider_entry("tensorrt", 0, {"trt_fp16_enable": "1", "trt_int8_enable": 0,
+                                                "trt_dla_enable": "maybe"}, {})
+    assert (options["trt_fp16_enable"], options["trt_int8_enable"], options["trt_dla_enable"]) == ("True", "False",
+                                                                                                   "maybe")
+    _, options = provider_entry("cuda", 0, {"enable_cuda_graph": "1"}, {})
+    assert options["enable_cuda_graph"] == "1", "other EPs get the config's spelling"
 
 
 def test_the_configs_provider_options_win_over_the_cache_keys(tmp_path):

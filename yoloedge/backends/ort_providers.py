@@ -122,4 +122,18 @@ def provider_entry(provider: str, device_id: int, user_options: Mapping[str, obj
         return name
     options = {"device_id": str(device_id), **cache}
     options.update({key: option_text(value) for key, value in user_options.items()})
+    if provider == "tensorrt":
+        options.update({key: flag_word(value) for key, value in options.items() if key.endswith("_enable")})
     return name, options
+
+
+def flag_word(value: str) -> str:
+    """A TensorRT EP flag in the one spelling its parser takes: `trt_fp16_enable: "1"`, the spelling
+    the CUDA and MIGraphX EPs document, would otherwise fail the session with "should be 'True' or
+    'False'". Anything else is left for the EP to refuse in its own words."""
+    word = value.strip().lower()
+    if word in ("1", "true"):
+        return "True"
+    if word in ("0", "false"):
+        return "False"
+    return value

@@ -70,7 +70,7 @@ class ModelConfig:
 class OnnxRuntimeConfig:
     provider: str = "cpu"
     device_id: int = 0
-    #: extra options handed to the execution provider, e.g. {"trt_fp16_enable": "1"}.
+    #: extra options handed to the execution provider, e.g. {"trt_fp16_enable": True}.
     provider_options: Mapping[str, object] = field(default_factory=dict)
     #: threads for one inference (0: ONNX Runtime's default, one per core).
     intra_op_threads: int = 0
