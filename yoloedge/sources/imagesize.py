@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Callable
 
 import cv2
 import numpy as np
@@ -56,21 +57,37 @@ def over_pixel_bound(width: int, height: int, limits: ImageLimits = DEFAULT_LIMI
 def read_image(path: str, limits: ImageLimits = DEFAULT_LIMITS) -> np.ndarray:
     """The BGR image in the file at `path`. Raises ImageTooLarge for a file or an image over
     `limits`, ImageError for anything else unreadable; messages start with the path."""
-    data = read_bounded(path, limits.max_bytes)
+    return decode_image(read_bounded(path, limits.max_bytes), path, limits)
+
+
+def decode_image(data: bytes, label: str, limits: ImageLimits = DEFAULT_LIMITS,
+                 decode: Callable[[bytes], np.ndarray] | None = None) -> np.ndarray:
+    """The BGR image encoded in `data`, decoded by `decode` (default: OpenCV; a GPU JPEG decoder
+    for JPEGs, see `jpeg`) only once its header has passed the pixel bound, whichever decoder it
+    is. Errors as `read_image`'s, starting with `label` (a path or a camera)."""
     size = image_size(data)
     if size is not None:
         why = over_pixel_bound(*size, limits)
         if why is not None:
-            raise ImageTooLarge(f"{path}: {why}")
+            raise ImageTooLarge(f"{label}: {why}")
+    try:
+        image = (decode or cv2_decode)(data)
+    except ImageError as exc:
+        raise ImageError(f"{label}: {exc}") from None
+    why = over_pixel_bound(int(image.shape[1]), int(image.shape[0]), limits)
+    if why is not None:  # a format whose header we do not read
+        raise ImageTooLarge(f"{label}: {why}")
+    return image
+
+
+def cv2_decode(data: bytes) -> np.ndarray:
+    """OpenCV's BGR decode of `data`; ImageError (without a label) when it cannot."""
     try:
         image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     except cv2.error as exc:  # OpenCV's own pixel cap, a failed allocation, a decoder's assertion
-        raise ImageError(f"{path}: the decoder refused it: {_first_line(exc)}") from None
+        raise ImageError(f"the decoder refused it: {_first_line(exc)}") from None
     if image is None:
-        raise ImageError(f"{path}: cannot decode image (corrupt, truncated or not an image)")
-    why = over_pixel_bound(int(image.shape[1]), int(image.shape[0]), limits)
-    if why is not None:  # a format whose header we do not read
-        raise ImageTooLarge(f"{path}: {why}")
+        raise ImageError("cannot decode image (corrupt, truncated or not an image)")
     return image
 
 
