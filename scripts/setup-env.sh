@@ -8,7 +8,8 @@ VENV="${YOLOEDGE_VENV:-$PWD/.venv}"
 SYSTEM_PACKAGES=(
   mosquitto mosquitto-clients openssl
   python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-tools gstreamer1.0-plugins-base
-  gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-rtsp
+  gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-rtsp gstreamer1.0-libav
+  libgirepository1.0-dev libcairo2-dev
   systemd systemd-container
 )
 

@@ -429,7 +429,7 @@ def test_credentials_never_appear_in_logs_states_or_stats(mjpeg_server, run_read
 
 def test_disabled_camera_never_opens(monkeypatch, media, run_reader):
     opened = []
-    monkeypatch.setattr(reader_module, "open_source", lambda *a, **k: opened.append(a))
+    monkeypatch.setattr(reader_module, "open_camera", lambda *a, **k: opened.append(a))
     reader, states = run_reader(replace(camera(media / AVI), enabled=False), Collector())
     time.sleep(0.3)
     assert states.states == [CameraState.DISABLED] and reader.state is CameraState.DISABLED

@@ -406,3 +406,14 @@ def test_tensorrt_engine_without_source_onnx_says_where_to_set_it(models, images
         """)
     code, out, err = verify_here("-c", config, "--images", *images)
     assert code == 2 and "--onnx" in err and "source_onnx in the tensorrt section" in err
+
+
+def test_verify_skips_a_pipeline_camera_instead_of_calling_it_missing():
+    from yoloedge.config import CameraConfig
+    from yoloedge.verify import camera_inputs
+
+    camera = CameraConfig(name="gate", url="", pipeline="videotestsrc num-buffers=3 ! videoconvert ! appsink",
+                          decoder="gstreamer")
+    out = camera_inputs([camera], 2)
+    assert out.problems == [] and out.frames == []
+    assert out.skipped == ["gate: a pipeline: camera (give the files to verify as arguments)"]

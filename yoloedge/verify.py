@@ -461,6 +461,9 @@ def camera_inputs(cameras: Sequence, frames_per_camera: int) -> Frames:
     for cam in cameras:
         if not cam.enabled:
             continue
+        if cam.pipeline:
+            out.skipped.append(f"{cam.name}: a pipeline: camera (give the files to verify as arguments)")
+            continue
         try:
             kind = source_kind(cam.url)
         except SourceError as exc:

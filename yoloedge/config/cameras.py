@@ -5,6 +5,9 @@ a file or folder path, or synthetic://WIDTHxHEIGHT?fps=F[&image=PATH] (one pre-d
 fixed rate, for benchmarks and dry runs). Camera files and folders are not checked for existence:
 media may be mounted or recorded later, and the source reports a missing file at run time. A
 synthetic camera's image is checked: it is part of the configuration, not media.
+
+Instead of a url, a camera may give `pipeline:`, a GStreamer launch string ending in an appsink;
+`decoder:` chooses who decodes a url's video (sources.gstlaunch).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from urllib.parse import urlsplit
 from ..redact import SECRETS, schemeless_userinfo
 from ..files import file_type
 from ..model.labels import MAX_CLASSES
-from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Context, Integer, Number, Reader, Text, did_you_mean,
+from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Choice, Context, Integer, Number, Reader, Text, did_you_mean,
                      range_order_ok, read_fields, read_string_list, report_duplicate_names, sequence_or_report)
 from .schema import AcceleratorConfig, CameraConfig
 from .yamltree import Item
@@ -123,6 +126,21 @@ def read_camera_classes(ctx: Context, item: Item) -> Any:
     return INVALID if names is INVALID else tuple(names)
 
 
+def read_jpeg_decoder(ctx: Context, item: Item) -> Any:
+    """One of `sources.jpeg.JPEG_DECODERS`; a GPU decoder must be installed (found, not imported:
+    that would start CUDA), so a camera that cannot work is refused before anything starts."""
+    # Imported here: the decoder module loads OpenCV, which only a camera with this key needs now.
+    from ..sources.jpeg import INSTALL_HINTS, JPEG_DECODERS, MODULES, JpegDecoderKind, installed
+    value = Choice(JPEG_DECODERS)(ctx, item)
+    if value is INVALID:
+        return INVALID
+    kind = JpegDecoderKind(value)
+    if not installed(kind):
+        return ctx.bad_value(item, f"needs {MODULES[kind]}, which is not installed",
+                             f"{INSTALL_HINTS[kind]}; or jpeg_decoder: auto (a GPU decoder where one is installed)")
+    return value
+
+
 #: the longest wait a camera key takes (see config.loader.MAX_WAIT_S), the highest frame rate
 #: (no camera delivers more), the most retries before giving up (0: never give up).
 MAX_WAIT_S = 3600
@@ -146,10 +164,13 @@ CAMERA_FIELDS: dict[str, Reader] = {
     "open_timeout_s": Number(gt=0, le=MAX_WAIT_S, example=10),
     "read_timeout_s": Number(gt=0, le=MAX_WAIT_S, example=10),
     "decode_threads": Integer(ge=0, le=16, example=1),
+    "decoder": lambda ctx, item: read_camera_decoder(ctx, item),
+    "pipeline": lambda ctx, item: read_camera_pipeline(ctx, item),
     "backoff_initial_s": Number(gt=0, le=MAX_WAIT_S, example=1),
     "backoff_max_s": Number(gt=0, le=MAX_WAIT_S, example=30),
     "max_retries": Integer(ge=0, le=MAX_RETRIES, example=0),
     "queue_size": Integer(ge=1, le=MAX_QUEUE_SIZE, example=2),
+    "jpeg_decoder": read_jpeg_decoder,
     "publish_empty": Boolean(),
     "accelerator": Text(optional=True, max_bytes=MAX_NAME_BYTES),
 }
@@ -171,14 +192,98 @@ def _name_of(item: Item) -> Any:
 
 
 def read_camera(ctx: Context, item: Item) -> Any:
-    values = read_fields(ctx, item, CAMERA_FIELDS, required=("name", "url"))
+    values = read_fields(ctx, item, CAMERA_FIELDS, required=("name",))
     if values is None:
         return INVALID
-    sound = "url" not in values or live_source_options_ok(ctx, item.value, values)
+    sound = one_source_ok(ctx, item)
+    sound = ("url" not in values or live_source_options_ok(ctx, item.value, values)) and sound
+    sound = decoder_ok(ctx, item.value, values) and sound
     sound = range_order_ok(ctx, item.value, "backoff_initial_s", "backoff_max_s", values) and sound
-    if not sound or "name" not in values or "url" not in values:
+    if not sound or "name" not in values or ("url" not in values and "pipeline" not in values):
         return INVALID
+    if "pipeline" in values:  # read as written, by GStreamer; url stays empty
+        values.update(url="", decoder="gstreamer")
     return CameraConfig(**values)
+
+
+#: what a camera reads, when neither or both are given
+SOURCE_KEYS_HINT = ("give url: (a camera address, file or folder; decoder: chooses who decodes it) or "
+                    "pipeline: (a GStreamer launch string ending in an appsink)")
+PIPELINE_EXAMPLE = ('e.g. pipeline: "v4l2src device=/dev/video0 ! videoconvert ! video/x-raw,format=BGR '
+                    '! appsink"')
+
+
+# The GStreamer helpers are imported where used: the `sources` package loads OpenCV, which only
+# cameras with these keys need at this point (and `gi` is never imported here).
+
+def read_camera_decoder(ctx: Context, item: Item) -> Any:
+    from ..sources.gstlaunch import DECODERS
+    return Choice(DECODERS)(ctx, item)
+
+
+def read_camera_pipeline(ctx: Context, item: Item) -> Any:
+    """A launch string ending in an appsink; the credentials of URLs in it are registered first."""
+    from ..sources.gstlaunch import launch_problem, register_launch_secrets
+    if isinstance(item.value, str):
+        register_launch_secrets(item.value)  # before any check: a message must not quote them
+    launch = Text(max_bytes=MAX_URL_BYTES)(ctx, item)
+    if launch is INVALID:
+        return INVALID
+    problem = launch_problem(launch)
+    if problem is not None:
+        return ctx.bad_value(item, problem, PIPELINE_EXAMPLE)
+    return launch
+
+
+def one_source_ok(ctx: Context, item: Item) -> bool:
+    """Exactly one of url: and pipeline:."""
+    entries = item.value
+    if "url" in entries and "pipeline" in entries:
+        ctx.problem(entries["pipeline"], "url: and pipeline: are both given; a camera reads one source",
+                    SOURCE_KEYS_HINT)
+        return False
+    if "url" not in entries and "pipeline" not in entries:
+        ctx.problem(item, "required key is missing", SOURCE_KEYS_HINT, path=f"{item.path}.url")
+        return False
+    return True
+
+
+def decoder_ok(ctx: Context, entries: dict, values: dict) -> bool:
+    """A GStreamer decoder needs PyGObject, and its presets read rtsp:// cameras and video files;
+    a pipeline: names its own decoder elements."""
+    if "decoder" not in entries and "pipeline" not in entries:
+        return True
+    from ..sources.gstlaunch import GSTREAMER_HINT, Decoder, gi_installed
+    if "decoder" in entries and "decoder" not in values:
+        return False  # its value was reported
+    pipeline = "pipeline" in entries
+    decoder = Decoder(values.get("decoder", "gstreamer" if pipeline else "opencv"))
+    if pipeline and decoder not in (Decoder.GSTREAMER, Decoder.AUTO):
+        ctx.bad_value(entries["decoder"], "a pipeline: camera is decoded by the elements of its launch string",
+                      "leave decoder: out (or write decoder: gstreamer) and put the decoder into the pipeline")
+        return False
+    if not (pipeline or decoder.uses_gstreamer):
+        return True
+    if not gi_installed():
+        what = "pipeline:" if pipeline else f"decoder: {decoder}"
+        ctx.problem(entries["pipeline" if pipeline else "decoder"],
+                    f"{what} needs GStreamer's Python bindings (PyGObject), which are not installed", GSTREAMER_HINT)
+        return False
+    url = values.get("url")
+    if not pipeline and url is not None and not _preset_reads(url):
+        ctx.bad_value(entries["decoder"], f"decoder: {decoder} reads rtsp:// cameras and video files only",
+                      "use decoder: opencv (or auto), or give a pipeline: launch string instead of url:")
+        return False
+    return True
+
+
+def _preset_reads(url: str) -> bool:
+    """Whether the GStreamer presets can read `url`: rtsp(s):// or a video file (that a path is a
+    folder is only known at run time)."""
+    scheme, sep, _ = url.partition("://")
+    if sep:
+        return scheme.lower() in ("rtsp", "rtsps") or (scheme.lower() == FILE_SCHEME and not is_live_url(url))
+    return not url.startswith("/dev/")
 
 
 def is_live_url(url: str) -> bool:

@@ -59,11 +59,19 @@ class CameraConfig:
     #: at most 16). One per camera: many cameras already use every core, and each decoder thread
     #: adds a thread and its own decoded pictures (memory) per camera.
     decode_threads: int = 1
+    #: who decodes the video: opencv | gstreamer | jetson | vaapi | nvidia | auto (see
+    #: sources.gstlaunch); a `pipeline:` camera is always gstreamer.
+    decoder: str = "opencv"
+    #: a GStreamer launch string ending in an appsink, given instead of `url` (then url is "").
+    pipeline: str | None = None
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 30.0
     #: consecutive failed connection attempts after which the camera is marked failed; 0: never.
     max_retries: int = 0
     queue_size: int = 2  # frames buffered between reader and accelerator (live: keep latest)
+    #: who decodes the JPEGs of an image folder or HTTP MJPEG camera: auto | nvimgcodec | nvjpeg |
+    #: cpu (see sources.jpeg); auto: a GPU decoder where one is installed, else OpenCV.
+    jpeg_decoder: str = "auto"
     publish_empty: bool = True  # publish frames with no detections
     accelerator: str | None = None  # accelerator name; None: the first
 

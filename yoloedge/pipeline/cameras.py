@@ -97,6 +97,8 @@ class CameraRuntime:
             "reconnects": stats.get("reconnects"),
             "stalls": stats.get("stalls"),
             "images_skipped": stats.get("images_skipped"),
+            "jpeg_decoder": stats.get("jpeg_decoder"),
+            "decoder": stats.get("decoder"),
             "last_frame_age_s": stats.get("last_frame_age_s"),
             "latency_p50_ms": self.latency_ms.percentile(50),
             "latency_p99_ms": self.latency_ms.percentile(99),

@@ -37,6 +37,8 @@ import numpy as np
 from ..errors import ImageError, YoloedgeError
 from ..redact import redact_url
 from .imagesize import DEFAULT_LIMITS, ImageLimits, read_image
+from .jpeg import CpuJpegDecoder, JpegDecoder, JpegDecoderKind, JpegDecoderMissing, JpegDecoderUnavailable, choose
+from .jpeg import read_image as read_image_with
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,7 @@ class SourceKind(str, Enum):
     V4L2 = "v4l2"
     FOLDER = "folder"
     SYNTHETIC = "synthetic"  # one pre-decoded frame, delivered at a fixed rate (benchmarks, dry runs)
+    PIPELINE = "pipeline"  # a camera's own GStreamer launch string (sources.gstreamer); it says if live
 
     @property
     def is_live(self) -> bool:
@@ -151,6 +154,9 @@ class Source:
     is_live: bool = True
     #: frames per second the source delivers, when it says so (files); None when unknown
     nominal_fps: float | None = None
+    #: the JPEG decoder in use (`jpeg.JpegDecoderKind` value) for folders and HTTP cameras; None
+    #: for sources whose frames are not JPEGs
+    jpeg_decoder: str | None = None
 
     def __init__(self, description: str, camera: str | None = None):
         self.description = description  # redacted; used in logs and errors
@@ -298,8 +304,10 @@ class ImageFolderSource(Source):
     nominal_fps = None
 
     def __init__(self, folder: str, loop: bool, camera: str | None = None,
-                 limits: ImageLimits = DEFAULT_LIMITS):
+                 limits: ImageLimits = DEFAULT_LIMITS, decoder: JpegDecoder | None = None):
         super().__init__(folder, camera)
+        self._decoder: JpegDecoder = decoder or CpuJpegDecoder()
+        self.jpeg_decoder = self._decoder.kind.value
         self._folder = folder
         self._loop = loop
         self._limits = limits
@@ -322,7 +330,7 @@ class ImageFolderSource(Source):
             path = self._files[self._index]
             self._index += 1
             try:
-                image = read_image(path, self._limits)
+                image = read_image_with(path, self._decoder, self._limits)
             except ImageError as exc:
                 self._skip(path, str(exc))
                 continue
@@ -565,27 +573,63 @@ def open_v4l2(path: str, camera: str | None = None) -> CaptureSource:
 def open_source(url: str, *, loop: bool = False, open_timeout_s: float = 10.0,
                 read_timeout_s: float = 10.0, camera: str | None = None,
                 decode_threads: int = DEFAULT_DECODE_THREADS, reuse_frame: bool = False,
-                image_limits: ImageLimits = DEFAULT_LIMITS) -> Source:
+                image_limits: ImageLimits = DEFAULT_LIMITS, jpeg_decoder: str = JpegDecoderKind.CPU.value) -> Source:
     """Open `url` as the right kind of source. Raises SourceError (safe to log) on failure,
     UnsupportedSourceError when the URL can never work. `camera` names it in log records.
     `decode_threads` applies to what FFmpeg decodes (files and network streams); `reuse_frame`
     lets OpenCV captures decode every frame into the same array (see `Source.reuse_frame`);
-    `image_limits` bounds the image files of a folder (see `imagesize`)."""
-    source = _open(url, loop, open_timeout_s, read_timeout_s, camera, decode_threads, image_limits)
+    `image_limits` bounds the image files of a folder (see `imagesize`); `jpeg_decoder` decodes
+    the JPEGs of folders and HTTP MJPEG cameras (see `jpeg`)."""
+    source = _open(url, loop, open_timeout_s, read_timeout_s, camera, decode_threads, image_limits, jpeg_decoder)
     source.reuse_frame = reuse_frame
     return source
 
 
 def _open(url: str, loop: bool, open_timeout_s: float, read_timeout_s: float, camera: str | None,
-          decode_threads: int, image_limits: ImageLimits) -> Source:
+          decode_threads: int, image_limits: ImageLimits, jpeg_decoder: str) -> Source:
     kind = source_kind(url)
+    if kind is SourceKind.HTTP and jpeg_decoder != JpegDecoderKind.CPU.value:
+        mjpeg = _open_mjpeg(url, jpeg_decoder, open_timeout_s, read_timeout_s, camera, image_limits)
+        if mjpeg is not None:
+            return mjpeg
     if kind in (SourceKind.RTSP, SourceKind.HTTP):
-        return open_stream(url, kind, open_timeout_s, read_timeout_s, camera, decode_threads)
+        stream = open_stream(url, kind, open_timeout_s, read_timeout_s, camera, decode_threads)
+        stream.jpeg_decoder = JpegDecoderKind.CPU.value if kind is SourceKind.HTTP else None
+        return stream
     if kind is SourceKind.SYNTHETIC:
         return SyntheticSource(url, camera)
     path = local_path(url)
     if kind is SourceKind.V4L2:
         return open_v4l2(path, camera)
     if kind is SourceKind.FOLDER:
-        return ImageFolderSource(path, loop, camera, image_limits)
+        return ImageFolderSource(path, loop, camera, image_limits, _jpeg_decoder(jpeg_decoder))
     return VideoFileSource(path, loop, camera, decode_threads)
+
+
+def _jpeg_decoder(requested: str) -> JpegDecoder:
+    """`jpeg.choose`, its errors as source errors: a missing module can never work."""
+    try:
+        return choose(requested)
+    except JpegDecoderMissing as exc:
+        raise UnsupportedSourceError(str(exc)) from None
+    except JpegDecoderUnavailable as exc:
+        raise SourceError(str(exc)) from None
+
+
+def _open_mjpeg(url: str, jpeg_decoder: str, open_timeout_s: float, read_timeout_s: float, camera: str | None,
+                image_limits: ImageLimits) -> Source | None:
+    """The MJPEG camera read as JPEGs for a GPU decoder; None when OpenCV is to read it instead:
+    `auto` chose the CPU, or found no MJPEG stream at the URL (FFmpeg reads other kinds)."""
+    from .mjpeg import MjpegSource, NotMjpegError  # here: mjpeg builds on this module's Source
+
+    decoder = _jpeg_decoder(jpeg_decoder)
+    if decoder.kind is JpegDecoderKind.CPU:
+        return None
+    try:
+        return MjpegSource(url, decoder, open_timeout_s, read_timeout_s, camera, image_limits)
+    except NotMjpegError as exc:
+        if jpeg_decoder != JpegDecoderKind.AUTO.value:
+            raise UnsupportedSourceError(f"{exc}: jpeg_decoder {jpeg_decoder} reads MJPEG cameras only; "
+                                         f"use jpeg_decoder: auto or cpu") from None
+        log.info("%s; FFmpeg reads it, JPEGs are not decoded on the GPU", exc, extra={"camera": camera})
+        return None

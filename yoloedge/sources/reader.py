@@ -36,10 +36,11 @@ import numpy as np
 from ..backoff import Backoff
 from ..config.schema import CameraConfig
 from ..metrics import RateMeter
-from ..redact import SECRETS, redact_text, redact_url
+from ..redact import SECRETS, redact_text
 from ..threads import lower_priority
-from .capture import Source, SourceError, SourceKind, UnsupportedSourceError, open_source
+from .capture import Source, SourceError, SourceKind, UnsupportedSourceError
 from .frame import Frame, FrameSink, SinkClosed
+from .gstreamer import camera_description, open_camera
 from .imagesize import DEFAULT_LIMITS, ImageLimits, over_pixel_bound
 from .state import CameraState
 
@@ -220,8 +221,10 @@ class CameraReader:
         self._stall_timeout_s = stall_timeout_s
         self._on_state = on_state
         self._clock = clock
-        self._safe_url = redact_url(config.url)
         SECRETS.add_url(config.url)  # for _scrub and the log filter: the raw URL in any form it is quoted
+        self._safe_url = camera_description(config)  # registers the URLs of a pipeline: too
+        #: the video decoder in use (`auto` resolved once a connection has opened the source)
+        self._decoder = config.decoder
         self._stop = threading.Event()
         self._lock = threading.Lock()  # this reader's counters; never shared with other readers
         #: serializes state changes and their callbacks, so listeners see them in order
@@ -244,6 +247,7 @@ class CameraReader:
         self._reconnects = 0
         self._stalls = 0
         self._images_skipped = 0
+        self._jpeg_decoder: str | None = None  # the decoder the last opened source uses (folders, HTTP)
         self._error: str | None = None
         self._last_good_at: float | None = None
         self._retry_in_s: float | None = None
@@ -331,6 +335,8 @@ class CameraReader:
                 "reconnects": self._reconnects,
                 "stalls": self._stalls,
                 "images_skipped": self._images_skipped,
+                "jpeg_decoder": self._jpeg_decoder,
+                "decoder": self._decoder,
                 "last_frame_age_s": None if self._last_good_at is None else round(now - self._last_good_at, 3),
                 "fps_in": round(self._rate_in.rate(), 2),
                 "fps_out": round(self._rate_out.rate(), 2),
@@ -494,11 +500,11 @@ class CameraReader:
         lower_priority()  # decoding is host work: the device worker comes first (see yoloedge.threads)
         source: Source | None = None
         try:
-            source = open_source(self._config.url, loop=self._config.loop,
-                                 open_timeout_s=self._config.open_timeout_s,
-                                 read_timeout_s=self._config.read_timeout_s, camera=self.name,
-                                 decode_threads=self._config.decode_threads, reuse_frame=self._reuse_frames,
-                                 image_limits=self._limits)
+            source, decoder = open_camera(self._config, camera=self.name, reuse_frame=self._reuse_frames,
+                                          image_limits=self._limits)
+            with self._lock:
+                self._jpeg_decoder = source.jpeg_decoder
+                self._decoder = decoder.value
             conn.opened_at = conn.progress_mark = self._clock()
             if not conn.cancelled.is_set():
                 self._pump(conn, source)
@@ -584,7 +590,7 @@ class CameraReader:
         """Record why the source gave no frame. A stream read that failed only after its whole
         timeout means a camera that went silent without closing the connection: a stall."""
         if source.eof:
-            conn.finish(Outcome.ENDED, "end of file" if source.kind is SourceKind.FILE else "end of folder")
+            conn.finish(Outcome.ENDED, _END_OF.get(source.kind, "end of stream"))
         elif timed_out:
             since = conn.last_good_at if conn.last_good_at is not None else conn.opened_at
             silent = f"{self._clock() - since:.1f} s" if since is not None else "the read timeout"
@@ -701,6 +707,8 @@ class CameraReader:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         self._log(logging.ERROR, "camera %s: %s\n%s", self.name, what, self._scrub(text).rstrip())
 
+
+_END_OF = {SourceKind.FILE: "end of file", SourceKind.FOLDER: "end of folder"}
 
 _LEVEL_BY_STATE = {
     CameraState.STALLED: logging.WARNING,

@@ -1,0 +1,207 @@
+"""Which decoder a camera uses, and the GStreamer launch strings of the decoder presets.
+
+Pure text and enums: neither PyGObject nor OpenCV is imported here, so the config reader can
+validate `decoder:` and `pipeline:` without loading either (`decoder: opencv`, the default, never
+imports `gi`). `gstreamer.py` builds and runs the pipelines.
+
+The presets decode H.264 (the RTSP chain depayloads H.264; the hardware file chains parse it).
+`decoder: gstreamer` on a file uses decodebin, which reads any container and codec GStreamer has
+a software decoder for. Anything else -- H.265 cameras on hardware, a USB camera, a test pattern --
+is a `pipeline:` launch string.
+
+Why the RTSP chain has every step it has (roboflow/inference's Jetson producer, their PR #2759):
+TCP so a lossy network cannot tear frames; a 200 ms jitter buffer that drops rather than grows;
+the depayloader asks for a key frame and waits for one, so a stream joined mid-GOP (or after a lost
+packet) never hands the decoder pictures whose references it never saw; h264timestamper gives
+streams without DTS the timestamps NVDEC needs. The file chains never decode audio: decodebin
+exposes non-video streams undecoded (`gstreamer.py`), parsebin's audio pads stay unlinked.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+from ..redact import SECRETS, redact_text, redact_url
+
+
+class Decoder(str, Enum):
+    """`decoder:` of a camera. OPENCV is FFmpeg inside OpenCV (no GStreamer at all)."""
+
+    OPENCV = "opencv"
+    GSTREAMER = "gstreamer"  # software decoders, through GStreamer
+    JETSON = "jetson"  # nvv4l2decoder (NVIDIA Jetson)
+    VAAPI = "vaapi"  # VA-API (AMD, Intel)
+    NVIDIA = "nvidia"  # NVDEC (NVIDIA discrete GPUs)
+    AUTO = "auto"  # the best of the above that this machine has
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def uses_gstreamer(self) -> bool:
+        """Whether this choice needs PyGObject whatever the machine (AUTO falls back to OpenCV)."""
+        return self not in (Decoder.OPENCV, Decoder.AUTO)
+
+
+DECODERS = tuple(d.value for d in Decoder)
+
+#: the pip extra that installs PyGObject; named in every message about a missing `gi`
+GSTREAMER_EXTRA = "pip install yoloedge[gstreamer]"
+GSTREAMER_HINT = (f"{GSTREAMER_EXTRA} (PyGObject; building it needs libgirepository1.0-dev and libcairo2-dev), "
+                  "with GStreamer's system packages gir1.2-gstreamer-1.0, gstreamer1.0-plugins-good, "
+                  "gstreamer1.0-plugins-bad and gstreamer1.0-libav")
+
+#: names the presets give their source and sink elements; the source's location is set as a
+#: property, never written into the launch string (a path or password could hold launch syntax)
+SOURCE_NAME = "yoloedge_src"
+SINK_NAME = "yoloedge_sink"
+DECODEBIN_NAME = "yoloedge_decode"
+#: frames the appsink holds: enough to decode ahead by one while the reader takes the other
+SINK_MAX_BUFFERS = 2
+#: rtspsrc's jitter buffer (ms), as in the chain this follows
+RTSP_LATENCY_MS = 200
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A hardware (or software) H.264 decoder and what it takes to get BGR out of it."""
+
+    decoder: Decoder
+    elements: tuple[str, ...]  # candidate decoder elements, the first one present is used
+    helpers: tuple[str, ...]  # further elements the chain needs
+    to_system_memory: str  # launch text between the decoder and videoconvert
+    needs: str  # what provides the elements, for the error when they are missing
+
+
+PRESETS: dict[Decoder, Preset] = {
+    Decoder.GSTREAMER: Preset(Decoder.GSTREAMER, ("avdec_h264",), (), "",
+                              "GStreamer's libav plugin (gstreamer1.0-libav)"),
+    # nvv4l2decoder outputs NV12 in NVMM (device) memory; nvvidconv copies it out as BGRx.
+    Decoder.JETSON: Preset(Decoder.JETSON, ("nvv4l2decoder",), ("nvvidconv",),
+                           "nvvidconv ! video/x-raw,format=BGRx ! ",
+                           "a Jetson with JetPack's GStreamer plugins (nvv4l2decoder, nvvidconv)"),
+    # vah264dec (gst-plugins-bad 1.22+) is the maintained one; vaapih264dec (gstreamer-vaapi) is
+    # the older plugin. Both hand system memory to videoconvert when it asks for it.
+    Decoder.VAAPI: Preset(Decoder.VAAPI, ("vah264dec", "vaapih264dec"), (), "",
+                          "an AMD or Intel GPU with VA-API drivers and GStreamer's va plugin "
+                          "(gstreamer1.0-plugins-bad) or gstreamer1.0-vaapi; AMD also needs "
+                          "LIBVA_DRIVER_NAME=radeonsi"),
+    # nvh264dec registers only where the NVIDIA driver's NVDEC library loads and a GPU answers.
+    Decoder.NVIDIA: Preset(Decoder.NVIDIA, ("nvh264dec",), (), "",
+                           "an NVIDIA GPU with its driver and GStreamer's nvcodec plugin "
+                           "(gstreamer1.0-plugins-bad)"),
+}
+#: what `auto` tries, best first; then software GStreamer, then OpenCV
+AUTO_ORDER = (Decoder.JETSON, Decoder.NVIDIA, Decoder.VAAPI, Decoder.GSTREAMER)
+
+
+def gi_installed() -> bool:
+    """Whether PyGObject can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec("gi") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def sink_launch(live: bool) -> str:
+    """BGR frames into a bounded appsink. Live: the oldest frame is dropped when the reader is
+    behind, as a camera would. Files: never dropped; a full sink holds the decoder back."""
+    drop = "true" if live else "false"
+    return (f"videoconvert ! video/x-raw,format=BGR ! appsink name={SINK_NAME} "
+            f"max-buffers={SINK_MAX_BUFFERS} drop={drop} sync=false")
+
+
+def rtsp_launch(preset: Preset, element: str, open_timeout_s: float) -> str:
+    """The robust RTSP chain (module docstring); rtspsrc's location is set as a property."""
+    tcp_timeout_us = max(1, int(open_timeout_s * 1_000_000))
+    return (f"rtspsrc name={SOURCE_NAME} protocols=tcp latency={RTSP_LATENCY_MS} drop-on-latency=true "
+            f"tcp-timeout={tcp_timeout_us} ! application/x-rtp,media=video ! queue "
+            f"! rtph264depay request-keyframe=true wait-for-keyframe=true ! h264parse ! h264timestamper "
+            f"! {element} ! {preset.to_system_memory}{sink_launch(live=True)}")
+
+
+def file_launch(preset: Preset, element: str) -> str:
+    """Software: decodebin (any container and codec). Hardware: parsebin, then H.264 only."""
+    if preset.decoder is Decoder.GSTREAMER:
+        return f"filesrc name={SOURCE_NAME} ! decodebin name={DECODEBIN_NAME} ! {sink_launch(live=False)}"
+    return (f"filesrc name={SOURCE_NAME} ! parsebin ! h264parse ! {element} ! {preset.to_system_memory}"
+            f"{sink_launch(live=False)}")
+
+
+def with_location(launch: str, location: str) -> str:
+    """The launch string as it is shown: with the source's location in its display form."""
+    shown = redact_url(location)
+    return launch.replace(f"name={SOURCE_NAME}", f"name={SOURCE_NAME} location={_quote(shown)}", 1)
+
+
+def _quote(value: str) -> str:
+    if value and not any(c.isspace() or c in "!\"'" for c in value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+# -- `pipeline:` launch strings --------------------------------------------------------------------
+
+_SCHEME_START = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def split_links(launch: str) -> list[str]:
+    """The launch string cut at every '!' that is not inside quotes (gst-launch syntax)."""
+    parts: list[str] = []
+    current: list[str] = []
+    quote, escaped = "", False
+    for char in launch:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "!":
+            parts.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    parts.append("".join(current))
+    return [part.strip() for part in parts]
+
+
+def launch_problem(launch: str) -> str | None:
+    """Why `launch` cannot be a camera's pipeline (without GStreamer: the text only), or None."""
+    last = split_links(launch)[-1].split()
+    if not last or last[0] != "appsink":
+        return "must end in an appsink (the frames come out of it)"
+    return None
+
+
+def launch_urls(launch: str) -> list[str]:
+    """The URLs inside a launch string; a quoted one up to its closing quote (a password may
+    hold spaces), else up to the next white space."""
+    urls = []
+    for match in _SCHEME_START.finditer(launch):
+        start = match.start()
+        quote = launch[start - 1] if start > 0 and launch[start - 1] in "\"'" else ""
+        end = launch.find(quote, match.end()) if quote else -1
+        if end == -1:
+            space = re.search(r"\s", launch[match.end():])
+            end = match.end() + space.start() if space else len(launch)
+        urls.append(launch[start:end])
+    return urls
+
+
+def register_launch_secrets(launch: str) -> None:
+    """Register the credentials of every URL in a launch string, as camera URLs are: before any
+    check, so no message about the pipeline can quote them."""
+    for url in launch_urls(launch):
+        SECRETS.add_url(url)
+
+
+def display_launch(launch: str) -> str:
+    """A launch string as logs and status show it (secrets registered first)."""
+    register_launch_secrets(launch)
+    return redact_text(launch)

@@ -1,0 +1,472 @@
+"""Reading a camera through GStreamer (PyGObject): software, Jetson, VA-API and NVDEC decoding.
+
+The OpenCV wheels have no GStreamer, so frames come out of an `appsink` through PyGObject (the
+`gstreamer` extra). `GStreamerSource` has the surface of every other source (`read()`, `eof`,
+`error`, `release()`), so the reader's state machine, timeouts, stall watchdog and reconnects
+apply unchanged.
+
+No GLib main loop runs: the bus is polled between short pulls. A read waits for its frame in
+slices of PULL_SLICE_S, looking at the bus in between, so a broken connection ends the read at
+once, and a silent one at the read timeout -- the source never blocks longer than that, which the
+stall watchdog relies on to get its connection thread back.
+
+`gi` is imported on first use only (`gst()`): a camera with `decoder: opencv` never loads it,
+and a missing PyGObject is an error naming the extra to install, not a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from ..config.schema import CameraConfig
+from ..redact import redact_text, redact_url
+from .capture import (Source, SourceError, SourceKind, UnsupportedSourceError, local_path, open_source,
+                      plausible_fps, source_kind)
+from .gstlaunch import (AUTO_ORDER, DECODEBIN_NAME, GSTREAMER_HINT, PRESETS, SINK_MAX_BUFFERS, SINK_NAME,
+                        SOURCE_NAME, Decoder, Preset, display_launch, file_launch, gi_installed,
+                        register_launch_secrets, rtsp_launch, split_links)
+from .imagesize import DEFAULT_LIMITS, ImageLimits
+
+log = logging.getLogger(__name__)
+
+#: a read looks at the bus at least this often while it waits for a frame
+PULL_SLICE_S = 0.1
+_NS = 1_000_000_000
+#: decodebin's GstAutoplugSelectResult values (the enum is not in any typelib)
+_AUTOPLUG_TRY = 0
+_AUTOPLUG_SKIP = 2
+#: the name= of an element in a launch string segment
+_NAME_IN_SEGMENT = re.compile(r"""\bname=("[^"]*"|'[^']*'|\S+)""")
+
+_gst_lock = threading.Lock()
+_gst: SimpleNamespace | None = None
+
+
+def gst() -> SimpleNamespace:
+    """Gst, GstApp, GstVideo and GLib, GStreamer initialised once per process. Raises
+    UnsupportedSourceError naming what to install when PyGObject or GStreamer's typelibs are
+    missing: retrying cannot help."""
+    global _gst
+    with _gst_lock:
+        if _gst is not None:
+            return _gst
+        if not gi_installed():
+            raise UnsupportedSourceError(f"GStreamer decoding needs PyGObject, which is not installed: "
+                                         f"{GSTREAMER_HINT}")
+        import gi
+        try:
+            for name in ("Gst", "GstApp", "GstVideo"):
+                gi.require_version(name, "1.0")
+            from gi.repository import GLib, Gst, GstApp, GstVideo
+        except (ImportError, ValueError) as exc:
+            raise UnsupportedSourceError(f"GStreamer's typelibs are missing ({exc}): {GSTREAMER_HINT}") from None
+        Gst.init(None)
+        _gst = SimpleNamespace(Gst=Gst, GstApp=GstApp, GstVideo=GstVideo, GLib=GLib)
+        return _gst
+
+
+def element_present(name: str) -> bool:
+    return gst().Gst.ElementFactory.find(name) is not None
+
+
+def preset_element(preset: Preset) -> str | None:
+    """The preset's first decoder element this machine has, if it also has the helpers."""
+    if not all(element_present(helper) for helper in preset.helpers):
+        return None
+    return next((name for name in preset.elements if element_present(name)), None)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The decoder a camera ends up with (`auto` resolved) and its decoder element."""
+
+    decoder: Decoder
+    element: str | None = None  # None for OpenCV and for `pipeline:` cameras
+
+
+def choose_decoder(config: CameraConfig) -> Choice:
+    """Resolve a camera's decoder on this machine. `auto`: the first hardware preset whose
+    elements are present, then software GStreamer, then OpenCV (no PyGObject, or a source the
+    presets do not read). An explicit preset whose elements are missing is an error."""
+    if config.pipeline:
+        gst()
+        return Choice(Decoder.GSTREAMER)
+    requested = Decoder(config.decoder)
+    if requested is Decoder.OPENCV:
+        return Choice(Decoder.OPENCV)
+    kind = source_kind(config.url)
+    if kind not in (SourceKind.RTSP, SourceKind.FILE):
+        if requested is Decoder.AUTO:
+            return Choice(Decoder.OPENCV)
+        raise UnsupportedSourceError(f"decoder: {requested} reads rtsp:// cameras and video files, not a "
+                                     f"{kind.value} source: use decoder: opencv or auto, or a pipeline:")
+    if requested is Decoder.AUTO:
+        return _auto(kind)
+    gst()
+    if requested is Decoder.GSTREAMER and kind is SourceKind.FILE:
+        return Choice(requested, "decodebin")
+    element = preset_element(PRESETS[requested])
+    if element is None:
+        preset = PRESETS[requested]
+        wanted = " or ".join(preset.elements) + "".join(f" with {helper}" for helper in preset.helpers)
+        raise UnsupportedSourceError(f"decoder: {requested} needs the GStreamer element {wanted}, which this "
+                                     f"machine does not have; it needs {preset.needs}. Use decoder: auto "
+                                     f"(picks what is there) or decoder: gstreamer (software)")
+    return Choice(requested, element)
+
+
+def _auto(kind: SourceKind) -> Choice:
+    try:
+        gst()
+    except UnsupportedSourceError:
+        return Choice(Decoder.OPENCV)  # no PyGObject: auto means OpenCV
+    for decoder in AUTO_ORDER:
+        if decoder is Decoder.GSTREAMER and kind is SourceKind.FILE:
+            return Choice(decoder, "decodebin")
+        element = preset_element(PRESETS[decoder])
+        if element is not None:
+            return Choice(decoder, element)
+    return Choice(Decoder.OPENCV)
+
+
+def camera_description(config: CameraConfig) -> str:
+    """How a camera's source is shown in logs and status: its URL, or its launch string, redacted."""
+    return display_launch(config.pipeline) if config.pipeline else redact_url(config.url)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to build: a launch string, the location to give its source element, and what it is."""
+
+    launch: str
+    kind: SourceKind
+    description: str  # redacted
+    decoder: Decoder
+    location: str | None = None  # set on the element named SOURCE_NAME
+    live: bool | None = None  # None: the pipeline tells (a live source does not preroll)
+    sink_name: str = SINK_NAME
+    software_only: bool = False  # decodebin may not pick hardware decoders
+    user_pipeline: bool = False
+
+
+def launch_spec(config: CameraConfig, choice: Choice) -> LaunchSpec:
+    """The pipeline for a camera: its own `pipeline:`, or the preset for its URL."""
+    if config.pipeline:
+        launch, sink = _named_sink(config.pipeline)
+        return LaunchSpec(launch, SourceKind.PIPELINE, display_launch(config.pipeline), choice.decoder,
+                          sink_name=sink, user_pipeline=True)
+    preset = PRESETS[choice.decoder]
+    element = choice.element or preset.elements[0]
+    if source_kind(config.url) is SourceKind.RTSP:
+        return LaunchSpec(rtsp_launch(preset, element, config.open_timeout_s), SourceKind.RTSP,
+                          redact_url(config.url), choice.decoder, location=config.url, live=True)
+    path = local_path(config.url)
+    return LaunchSpec(file_launch(preset, element), SourceKind.FILE, path, choice.decoder, location=path,
+                      live=False, software_only=choice.decoder is Decoder.GSTREAMER)
+
+
+def _named_sink(launch: str) -> tuple[str, str]:
+    """The launch string with its final appsink named (the name it has, or SINK_NAME added)."""
+    match = _NAME_IN_SEGMENT.search(split_links(launch)[-1])
+    if match:
+        return launch, match.group(1).strip("\"'")
+    return f"{launch.rstrip()} name={SINK_NAME}", SINK_NAME
+
+
+def open_camera(config: CameraConfig, *, camera: str | None = None, reuse_frame: bool = False,
+                image_limits: ImageLimits = DEFAULT_LIMITS) -> tuple[Source, Decoder]:
+    """Open a camera's source with its decoder; returns the source and the decoder in use."""
+    choice = choose_decoder(config)
+    if choice.decoder is Decoder.OPENCV:
+        source = open_source(config.url, loop=config.loop, open_timeout_s=config.open_timeout_s,
+                             read_timeout_s=config.read_timeout_s, camera=camera,
+                             decode_threads=config.decode_threads, reuse_frame=reuse_frame,
+                             image_limits=image_limits, jpeg_decoder=config.jpeg_decoder)
+        return source, Decoder.OPENCV
+    source = GStreamerSource(launch_spec(config, choice), camera=camera, loop=config.loop,
+                             open_timeout_s=config.open_timeout_s, read_timeout_s=config.read_timeout_s,
+                             decode_threads=config.decode_threads)
+    source.reuse_frame = reuse_frame
+    return source, choice.decoder
+
+
+class GStreamerSource(Source):
+    """A GStreamer pipeline whose appsink delivers BGR frames.
+
+    Opening builds the pipeline, starts it and waits up to `open_timeout_s` for the first frame
+    (held for the first read). EOS is the end of a file (`eof`; with `loop` the pipeline starts
+    again), or of a live stream (an error: the reader reconnects). A bus ERROR is an error with
+    GStreamer's message, redacted. Used by one thread from open to release, as every source.
+    """
+
+    def __init__(self, spec: LaunchSpec, *, camera: str | None = None, loop: bool = False,
+                 open_timeout_s: float = 10.0, read_timeout_s: float = 10.0, decode_threads: int = 1):
+        super().__init__(spec.description, camera)
+        self.kind = spec.kind
+        self.decoder = spec.decoder
+        self._spec = spec
+        self._loop = loop
+        self._open_timeout_s = open_timeout_s
+        self._read_timeout_s = read_timeout_s
+        self._decode_threads = decode_threads
+        self._broken: str | None = None  # the bus error that stopped the pipeline; it stays stopped
+        self._frames_this_pass = 0
+        self._caps: Any = None
+        self._layout: tuple[int, int, int, int] | None = None  # width, height, stride, offset
+        self._pending: Any = None  # the first sample, pulled while opening
+        self._g = gst()
+        if spec.user_pipeline:
+            register_launch_secrets(spec.launch)
+        self._pipeline: Any = None
+        self._open()
+
+    def _open(self) -> None:
+        self._broken = None
+        self._pipeline = self._build()
+        try:
+            self._start(self._open_timeout_s)
+        except BaseException:
+            self.release()
+            raise
+
+    # -- building ----------------------------------------------------------------------------------
+    def _build(self) -> Any:
+        Gst, GLib = self._g.Gst, self._g.GLib
+        try:
+            pipeline = Gst.parse_launch(self._spec.launch)
+        except GLib.Error as exc:
+            raise UnsupportedSourceError(f"{self.description}: cannot build the GStreamer pipeline: "
+                                         f"{redact_text(exc.message)}") from None
+        if not isinstance(pipeline, Gst.Bin):
+            raise UnsupportedSourceError(f"{self.description}: a pipeline needs a source and an appsink, "
+                                         f"linked with '!'")
+        if self._spec.location is not None:
+            pipeline.get_by_name(SOURCE_NAME).set_property("location", self._spec.location)
+        sink = pipeline.get_by_name(self._spec.sink_name)
+        if sink is None or sink.get_factory() is None or sink.get_factory().get_name() != "appsink":
+            raise UnsupportedSourceError(f"{self.description}: the pipeline's last element must be an appsink")
+        self._sink = sink
+        self._configure_sink(sink)
+        decodebin = pipeline.get_by_name(DECODEBIN_NAME)
+        if decodebin is not None:
+            decodebin.connect("autoplug-continue", _decode_video_only)
+            if self._spec.software_only:
+                decodebin.connect("autoplug-select", _software_only)
+        if self._decode_threads > 0:
+            pipeline.iterate_recurse().foreach(_limit_threads, self._decode_threads)
+            pipeline.connect("deep-element-added", _on_element_added, self._decode_threads)
+        self._bus = pipeline.get_bus()
+        return pipeline
+
+    def _configure_sink(self, sink: Any) -> None:
+        """Bounded, unsynchronised (the reader paces), BGR. A `pipeline:` may set its own bound
+        and caps; an unbounded sink (max-buffers=0, appsink's default) gets ours."""
+        sink.set_property("sync", False)
+        sink.set_property("emit-signals", False)
+        if sink.get_property("max-buffers") == 0:
+            sink.set_property("max-buffers", SINK_MAX_BUFFERS)
+        if sink.get_property("caps") is None:
+            sink.set_property("caps", self._g.Gst.Caps.from_string("video/x-raw,format=BGR"))
+
+    def _start(self, open_timeout_s: float) -> None:
+        Gst = self._g.Gst
+        answer = self._pipeline.set_state(Gst.State.PAUSED)
+        if answer == Gst.StateChangeReturn.FAILURE:
+            raise SourceError(self._bus_error() or f"{self.description}: the pipeline would not start")
+        self.is_live = self._spec.live if self._spec.live is not None else answer == Gst.StateChangeReturn.NO_PREROLL
+        self._sink.set_property("drop", self.is_live)  # files: back-pressure, never a lost frame
+        if self._pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
+            raise SourceError(self._bus_error() or f"{self.description}: the pipeline would not start")
+        sample = self._pull(open_timeout_s)
+        if sample is None:
+            if self.eof:
+                raise SourceError(f"{self.description}: ended before its first frame")
+            raise SourceError(self.error or f"{self.description}: no frame within {open_timeout_s:.1f} s")
+        self._pending = sample
+        self.eof, self.error = False, None
+        self.nominal_fps = _frame_rate(sample.get_caps())
+
+    # -- reading -----------------------------------------------------------------------------------
+    def read(self) -> np.ndarray | None:
+        if self._pipeline is None:
+            self.error = "source released"
+            return None
+        sample, self._pending = self._pending, None
+        if sample is None:
+            sample = self._pull(self._read_timeout_s)
+        if sample is None and self.eof and self._loop and self._frames_this_pass > 0:
+            sample = self._restart()
+        if sample is None:
+            self._note_end()
+            return None
+        image = self._image(sample)
+        if image is not None:
+            self._frames_this_pass += 1
+        return image
+
+    def _pull(self, timeout_s: float) -> Any:
+        """The next sample within `timeout_s`, or None with `eof` or `error` saying why."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._broken = self._broken or self._bus_error()
+            if self._broken is not None:
+                self.error = self._broken
+                return None
+            left = deadline - time.monotonic()
+            sample = self._sink.try_pull_sample(int(max(0.0, min(PULL_SLICE_S, left)) * _NS))
+            if sample is not None:
+                return sample
+            if self._sink.is_eos():
+                self.eof = True
+                return None
+            if left <= PULL_SLICE_S:
+                self.error = f"{self.description}: no frame for {timeout_s:.1f} s (read timed out)"
+                return None
+
+    def _note_end(self) -> None:
+        """A live stream that ends is broken (reconnect); a file that gave no frame is too."""
+        if not self.eof:
+            return
+        if self.is_live:
+            self.eof = False
+            self.error = f"{self.description}: the stream ended"
+        elif self._frames_this_pass == 0:
+            self.eof = False
+            self.error = f"{self.description}: no frame could be decoded"
+
+    def _restart(self) -> Any:
+        """Play the file again from its start (`loop`): a new pipeline, as a new connection would
+        build. Stopping and restarting the old one does not work: decodebin drops its source pads
+        at NULL, and launch-string links to them are made only once. Returns the first sample."""
+        log.debug("%s: end of stream, starting again (loop)", self.description, extra={"camera": self.camera})
+        self.release()
+        self.eof = False
+        self._frames_this_pass = 0
+        try:
+            self._open()
+        except SourceError as exc:
+            self.error = str(exc)
+            return None
+        sample, self._pending = self._pending, None
+        return sample
+
+    def _image(self, sample: Any) -> np.ndarray | None:
+        """The sample's BGR picture as an array of our own (the buffer goes back to GStreamer)."""
+        layout = self._frame_layout(sample.get_caps(), sample.get_buffer())
+        if layout is None:
+            return None
+        width, height, stride, offset = layout
+        buf = sample.get_buffer()
+        ok, info = buf.map(self._g.Gst.MapFlags.READ)
+        if not ok:
+            self.error = f"{self.description}: cannot read a frame's memory"
+            return None
+        try:
+            view = np.ndarray((height, width, 3), np.uint8, info.data, offset, (stride, 3, 1))
+            if self.reuse_frame and self._frame is not None and self._frame.shape == view.shape:
+                np.copyto(self._frame, view)
+                return self._frame
+            image = view.copy()
+        except TypeError:  # numpy: the buffer is smaller than the caps say
+            self.error = f"{self.description}: a frame is smaller than its {width}x{height} caps"
+            return None
+        finally:
+            buf.unmap(info)
+        if self.reuse_frame:
+            self._frame = image
+        return image
+
+    def _frame_layout(self, caps: Any, buf: Any) -> tuple[int, int, int, int] | None:
+        """(width, height, row stride, offset); the caps are read once until they change."""
+        GstVideo = self._g.GstVideo
+        if self._caps is None or not caps.is_equal(self._caps):
+            self._caps, self._layout = caps, None
+            info = GstVideo.VideoInfo.new_from_caps(caps)
+            if info is None or info.finfo.format != GstVideo.VideoFormat.BGR:
+                shown = redact_text(caps.to_string()) if caps is not None else "no caps"
+                self.error = (f"{self.description}: the appsink must receive video/x-raw,format=BGR, not {shown}; "
+                              f"end the pipeline with videoconvert ! video/x-raw,format=BGR ! appsink")
+                return None
+            self._layout = (info.width, info.height, info.stride[0], info.offset[0])
+        if self._layout is None:
+            return None
+        meta = GstVideo.buffer_get_video_meta(buf)
+        if meta is not None:  # the producer's own row layout (padding) overrides the default one
+            return self._layout[0], self._layout[1], meta.stride[0], meta.offset[0]
+        return self._layout
+
+    def _bus_error(self) -> str | None:
+        """The first ERROR on the bus as a message safe to log, or None. Other messages are
+        dropped (nothing else reads this bus)."""
+        Gst = self._g.Gst
+        while True:
+            message = self._bus.pop_filtered(Gst.MessageType.ERROR)
+            if message is None:
+                return None
+            error, debug = message.parse_error()
+            origin = message.src.get_name() if message.src is not None else "pipeline"
+            detail = (debug or "").strip().splitlines()[-1:] or [""]
+            text = f"{self.description}: {origin}: {error.message}"
+            if detail[0] and detail[0] not in error.message:
+                text += f" ({detail[0]})"
+            return redact_text(text + _hint(detail[0], self._spec))
+
+    def release(self) -> None:
+        pipeline, self._pipeline = self._pipeline, None
+        self._pending = None
+        if pipeline is not None:
+            pipeline.set_state(self._g.Gst.State.NULL)
+
+
+def _frame_rate(caps: Any) -> float | None:
+    """The caps' frame rate when it is a plausible one (a live source may say 0/1: unknown)."""
+    if caps is None or caps.get_size() == 0:
+        return None
+    found, num, den = caps.get_structure(0).get_fraction("framerate")
+    return plausible_fps(num / den) if found and den > 0 else None
+
+
+def _hint(detail: str, spec: LaunchSpec) -> str:
+    """What to do about the two errors a preset or pipeline meets for want of the right input."""
+    if "not-linked" in detail and spec.kind is SourceKind.FILE and not spec.software_only:
+        return f"; the file's video is not H.264, which decoder: {spec.decoder} decodes: use decoder: gstreamer"
+    if ("not-linked" in detail or "not-negotiated" in detail) and spec.kind is SourceKind.RTSP:
+        return ("; the presets read H.264 cameras: for another codec use decoder: opencv, or a pipeline: "
+                "(e.g. rtph265depay ! h265parse ! <decoder>)")
+    if "not-negotiated" in detail and spec.user_pipeline:
+        return "; end the pipeline with videoconvert ! video/x-raw,format=BGR ! appsink"
+    return ""
+
+
+def _decode_video_only(_bin: Any, _pad: Any, caps: Any) -> bool:
+    """decodebin: decode video; leave audio, subtitles and data streams undecoded (and unlinked)."""
+    if caps is None or caps.get_size() == 0:
+        return True
+    media = caps.get_structure(0).get_name().split("/", 1)[0]
+    return media not in ("audio", "text", "subpicture", "application")
+
+
+def _software_only(_bin: Any, _pad: Any, _caps: Any, factory: Any) -> int:
+    """decodebin (decoder: gstreamer): never a hardware decoder, whatever its rank."""
+    klass = factory.get_metadata("klass") or ""
+    return _AUTOPLUG_SKIP if "Hardware" in klass.split("/") else _AUTOPLUG_TRY
+
+
+def _limit_threads(element: Any, threads: int) -> None:
+    """Give FFmpeg (avdec_*) decoders `decode_threads` threads, as the OpenCV path does."""
+    factory = element.get_factory()
+    if factory is not None and factory.get_name().startswith("avdec_") \
+            and element.find_property("max-threads") is not None:
+        element.set_property("max-threads", threads)
+
+
+def _on_element_added(_bin: Any, _sub_bin: Any, element: Any, threads: int) -> None:
+    _limit_threads(element, threads)
