@@ -174,11 +174,20 @@ class OnnxRuntimeBackend(Backend):
         error says how to run without staging."""
         device, device_id = self._input_device or "cpu", self._staging_id()
         try:
-            return ort.OrtValue.ortvalue_from_shape_and_type(list(host.shape), host.dtype.type, device, device_id)
+            value = ort.OrtValue.ortvalue_from_shape_and_type(list(host.shape), host.dtype.type, device, device_id)
         except Exception as exc:  # ORT raises RuntimeError or its own types
             raise BackendError(f"OrtValue.ortvalue_from_shape_and_type({list(host.shape)}, {host.dtype}, "
                                f"{device!r}, {device_id}) failed: {_first_line(exc)}; with io_binding: false "
                                f"ONNX Runtime copies each batch to the device itself") from exc
+        try:
+            # The copy every run makes, tried once now: some builds allocate on a GPU they cannot
+            # copy into ("Unsupported GPU device" from MIGraphX-only builds of some releases), and
+            # that must fail the opening with its remedy, not every batch.
+            value.update_inplace(host)
+        except Exception as exc:  # ORT raises RuntimeError or its own types
+            raise BackendError(f"OrtValue.update_inplace on {device!r} {device_id} failed: {_first_line(exc)}; "
+                               f"with io_binding: false ONNX Runtime copies each batch to the device itself") from exc
+        return value
 
     def _warm_up(self) -> None:
         """Run every batch size once now, so that what a GPU provider does on first sight of a shape
@@ -209,16 +218,22 @@ class OnnxRuntimeBackend(Backend):
             raise ModelError(f"cannot load model {self.model_path}: {_first_line(exc)}") from exc
         for w in caught:
             log.debug("onnxruntime: %s", w.message)
+        # Once open, a provider that fails inside session.run() must fail that batch (the worker
+        # reopens the device), not move the session to the CPU behind our back: ONNX Runtime's
+        # Python layer would re-create it on the CPU, say so on stdout only, and active_provider
+        # and the staged device tensors would then describe a session that no longer exists.
+        session.disable_fallback()
         # A provider the build lacks, or whose libraries do not load, is only a warning to ONNX
-        # Runtime: the session silently runs on the next provider in the list.
+        # Runtime, and one that fails to start is retried without it: either way the session
+        # silently runs on the next provider in the list.
         self.active_provider = session.get_providers()[0]
         if self.active_provider != wanted:
-            message = (f"ONNX Runtime provider {wanted} ({cfg.provider!r}) is not available "
+            why, fix = _why_not_started(wanted)
+            message = (f"ONNX Runtime provider {wanted} ({cfg.provider!r}) {why} "
                        f"(this build has: {', '.join(ort.get_available_providers())}); "
                        f"the session would run on {self.active_provider}")
             if not cfg.allow_fallback:
-                raise BackendError(message + ". Install the matching onnxruntime package, or set "
-                                   "allow_fallback: true to accept the CPU.")
+                raise BackendError(f"{message}. {fix}, or set allow_fallback: true to accept the CPU.")
             log.warning("%s (allow_fallback is set)", message)
         return session
 
@@ -347,6 +362,17 @@ def session_options(cfg: OnnxRuntimeConfig) -> ort.SessionOptions:
     if not cfg.qdq_fusion:
         opts.add_session_config_entry("session.disable_quant_qdq", "1")
     return opts
+
+
+def _why_not_started(provider: str) -> tuple[str, str]:
+    """(why a session does not run on `provider`, what to do): the build lacks it, or it is there
+    and did not start -- then ONNX Runtime has said why (its log: a library that did not load; its
+    stdout: "EP Error ... Falling back"), and installing another onnxruntime package is not the fix."""
+    if provider not in ort.get_available_providers():
+        return "is not available", "Install the matching onnxruntime package"
+    return ("is in this build but did not start (ONNX Runtime's log or output just before says why)",
+            "Fix what ONNX Runtime reported (often a missing CUDA, cuDNN, TensorRT or ROCm library, no usable "
+            "GPU, or a provider option it refused)")
 
 
 def _dynamically_quantised(path: str) -> bool:

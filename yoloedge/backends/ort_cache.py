@@ -60,6 +60,7 @@ def cache_folder(root: str, key: CacheKey) -> str:
     folder = os.path.join(root, ORT_SUBDIR, key.folder_name)
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
+        _make_private(folder)
     except OSError as exc:
         raise BackendError(
             f"cannot create the engine cache folder {folder}: {exc.strerror or exc}; set cache_dir on the "
@@ -69,3 +70,15 @@ def cache_folder(root: str, key: CacheKey) -> str:
         raise BackendError(f"the engine cache folder {folder} is not writable by this user; set cache_dir "
                            f"on the accelerator to a folder it can write")
     return folder
+
+
+def _make_private(folder: str) -> None:
+    """The folder as makedirs would have made it: 0700, ours. One that was already there (made by
+    hand, or by an older release under a wide umask) may be open to others, and whoever can write
+    it chooses the engine the GPU runs: it is made 0700 if it is ours and refused if it is not."""
+    info = os.stat(folder)
+    if info.st_uid != os.getuid():
+        raise BackendError(f"the engine cache folder {folder} belongs to another user (uid {info.st_uid}); "
+                           f"remove it, or set cache_dir on the accelerator to a folder of this user")
+    if info.st_mode & 0o077:
+        os.chmod(folder, 0o700)

@@ -107,9 +107,18 @@ def main(argv: list[str] | None = None) -> int:
                     ok, line = check(model, provider, args, args.cache_dir or scratch)
                 except (YoloedgeError, OSError) as exc:
                     ok, line = False, f"{model.name:<32} {provider:<9} FAILED   {exc}"
+                except Exception as exc:  # noqa: BLE001 - ONNX Runtime's own errors (EPFail, RuntimeError ...)
+                    # on one provider must not cost the lines of the others: device time is scarce
+                    why = f"{type(exc).__name__}: {_first_line(exc)}"
+                    ok, line = False, f"{model.name:<32} {provider:<9} FAILED   {why}"
                 all_ok = all_ok and ok
                 print(line, flush=True)
     return 0 if all_ok else 1
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""
 
 
 if __name__ == "__main__":
