@@ -531,6 +531,39 @@ def test_cli_trt_dry_run_and_missing_trtexec(dynamic_v8, tmp_path):
     assert proc.returncode == 69 and "trtexec not found" in proc.stderr
 
 
+def test_cli_trt_batch_keeps_a_repeated_minimum_as_the_optimum(dynamic_v8, tmp_path):
+    """--batch 1,1,8: optimised for single frames, up to 8; not the set {1, 8}, optimised for 8."""
+    proc = convert("trt", "--onnx", dynamic_v8, "--output", tmp_path / "m.engine", "--batch", "1,1,8",
+                   "--dry-run", env=bare_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    shapes = [a for a in script_command(tmp_path / "m.trtexec.sh") if "Shapes=" in a]
+    assert shapes == ["--minShapes=images:1x3x64x64", "--optShapes=images:1x3x64x64", "--maxShapes=images:8x3x64x64"]
+
+
+def test_cli_trt_script_calls_jetpacks_trtexec_by_its_path(dynamic_v8, tmp_path, monkeypatch):
+    """On a Jetson trtexec is only in JetPack's folder, not on PATH: the saved script must name it
+    there, or it fails when run as written. Elsewhere the script keeps the plain name."""
+    import argparse
+    import io
+
+    from yoloedge.cli.convert import run_trt
+    from yoloedge.convert import trt
+
+    bare_env(tmp_path, {"jetpack-trtexec": 'echo "&&&& RUNNING TensorRT.trtexec [TensorRT v8601]"\n'})
+    jetpack = tmp_path / "bin" / "jetpack-trtexec"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(trt, "JETSON_TRTEXEC", str(jetpack))
+    args = argparse.Namespace(onnx=str(dynamic_v8), output=str(tmp_path / "m.engine"), fp16=False, int8=False,
+                              batch="1,2,4", imgsz=None, workspace_mb=128, trt_version=None, dry_run=True)
+    out, err = io.StringIO(), io.StringIO()
+    assert run_trt(args, out, err) == 0, err.getvalue()
+    argv = script_command(tmp_path / "m.trtexec.sh")
+    assert argv[0] == str(jetpack) and argv[-1] == "--workspace=128"  # and its banner chose 8.6's flag
+    monkeypatch.setattr(trt, "JETSON_TRTEXEC", str(tmp_path / "no-jetpack" / "trtexec"))
+    assert run_trt(args, io.StringIO(), io.StringIO()) == 0
+    assert script_command(tmp_path / "m.trtexec.sh")[0] == "trtexec"
+
+
 def test_cli_trt_runs_the_tool(fixed_v8, tmp_path):
     fake = """\
         for a in "$@"; do case "$a" in --saveEngine=*) echo engine > "${a#--saveEngine=}";; esac; done

@@ -44,7 +44,7 @@ from yoloedge.config.errors import ConfigError  # noqa: E402
 from yoloedge.config.loader import load_config  # noqa: E402
 from yoloedge.config.tensorrt import TensorRTConfig  # noqa: E402
 from yoloedge.detector import Detector  # noqa: E402
-from yoloedge.errors import ModelError  # noqa: E402
+from yoloedge.errors import BackendError, ModelError  # noqa: E402
 
 SIZE = 64
 ANCHORS = (SIZE // 8) ** 2 + (SIZE // 16) ** 2 + (SIZE // 32) ** 2
@@ -366,6 +366,122 @@ def test_a_profile_the_engine_lacks_is_a_model_error(version, tmp_path, tiny_onn
     assert not nothing_held()
 
 
+def test_a_static_engine_refuses_a_profile_past_its_only_one(version, tmp_path):
+    onnx = make_fixed_batch_v8_model(tmp_path / "fixed.onnx", batch=2, size=SIZE)
+    with pytest.raises(ModelError, match=r"tensorrt.profile 1 asked for, the engine has 1 optimisation profile"):
+        opened(engine(tmp_path, onnx, batch=2), profile=1)
+    assert not nothing_held()
+
+
+def test_the_second_profile_is_selected_before_any_input_shape(version, tmp_path, tiny_onnx):
+    """Profile 1 allows batches 5..8, profile 0 only 1..2: every shape set must fall in profile 1,
+    which only holds if the context switched to it first."""
+    path = engine(tmp_path, tiny_onnx, profiles=[(1, 2, 2), (5, 6, 8)])
+    backend = opened(path, max_batch=8, profile=1)
+    try:
+        assert backend.batch_sizes == (5, 6, 7, 8) and backend.max_batch == 8
+        assert backend._context.active_optimization_profile == 1
+        backend.input_buffers[0][:] = 0.5
+        assert [o.shape for o in backend.run(8)] == [(8, 6, ANCHORS)]
+        assert [o.shape for o in backend.run(3)] == [(3, 6, ANCHORS)]  # raised to the profile's minimum
+        assert trt_fake.STATE.executed_batches == [8, 5]
+        assert not [m for s, m in trt_fake.STATE.log if s == "ERROR"]
+    finally:
+        backend.close()
+    assert not nothing_held()
+
+
+def test_tensorrt_before_8_5_is_named_before_any_device_call(tmp_path, tiny_onnx):
+    """JetPack 5.0's TensorRT 8.4 lacks the name-based API: a clear refusal, not an AttributeError
+    half-way through opening."""
+    trt_fake.reset("8.4.1")
+    cuda_fake.reset()
+    try:
+        assert not hasattr(tensorrt.ICudaEngine, "num_io_tensors")
+        with pytest.raises(BackendError, match=r"TensorRT 8\.4\.1 is too old for the tensorrt backend, which needs "
+                                               r"8\.5 or later"):
+            opened(engine(tmp_path, tiny_onnx, profile=(1, 1, 1)))
+        assert not cuda_fake.STATE.counts and not trt_fake.STATE.counts
+    finally:
+        trt_fake.reset()
+    assert hasattr(tensorrt.ICudaEngine, "num_io_tensors")
+
+
+def pooled_onnx(path: Path, *, second_input: bool = False, dets_axis: bool = False) -> Path:
+    """images [batch, 3, S, S] -> output0 [batch, 3] (the channel means); `dets_axis` declares the
+    output's second axis by name, as a data-dependent NMS output is; `second_input` adds an input
+    passed through, as RT-DETR's orig_target_sizes is."""
+    import onnx
+    from onnx import TensorProto, helper
+    from onnx_models import IR_VERSION, OPSET
+
+    inputs = [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, SIZE, SIZE])]
+    outputs = [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["batch", "dets" if dets_axis else 3])]
+    nodes = [helper.make_node("GlobalAveragePool", ["images"], ["pooled"]),
+             helper.make_node("Flatten", ["pooled"], ["flat" if dets_axis else "output0"], axis=1)]
+    inits = []
+    if dets_axis:  # the top k channels, k computed from the pixels: no shape inference can know it
+        inits.append(helper.make_tensor("one", TensorProto.INT64, [1], [1]))
+        nodes += [helper.make_node("ReduceMax", ["flat"], ["peak"], keepdims=1),
+                  helper.make_node("Reshape", ["peak", "one"], ["peak1"]),
+                  helper.make_node("Cast", ["peak1"], ["k"], to=TensorProto.INT64),
+                  helper.make_node("TopK", ["flat", "k"], ["output0", "order"], axis=1)]
+    if second_input:
+        inputs.append(helper.make_tensor_value_info("sizes", TensorProto.FLOAT, ["batch", 2]))
+        outputs.append(helper.make_tensor_value_info("sizes_out", TensorProto.FLOAT, ["batch", 2]))
+        nodes.append(helper.make_node("Identity", ["sizes"], ["sizes_out"]))
+    model = helper.make_model(helper.make_graph(nodes, "pooled", inputs, outputs, initializer=inits),
+                              opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("kind, how, message", [
+    ("plain", {"io_dtypes": {"output0": "bfloat16"}},
+     r"tensor output0 has type DataType.BF16, which numpy cannot hold"),
+    ("dets", {}, r"output output0 has shape \[2, -1\] for a batch of 2; outputs must be \[batch, \.\.\.\] with "
+                 r"sizes known before the run"),
+    ("two_inputs", {}, r"expected one image input and at least one output, the engine has inputs "
+                       r"\['images', 'sizes'\]"),
+])
+def test_engines_the_backend_cannot_feed_are_refused_before_any_allocation(version, tmp_path, kind, how, message):
+    onnx_path = pooled_onnx(tmp_path / f"{kind}.onnx", second_input=kind == "two_inputs", dets_axis=kind == "dets")
+    with pytest.raises(ModelError, match=message):
+        opened(engine(tmp_path, onnx_path, profile=(1, 2, 2), **how), max_batch=2)
+    assert not nothing_held()
+    assert cuda_fake.STATE.counts["cudaMalloc"] == cuda_fake.STATE.counts["cudaMallocHost"] == 0
+
+
+def test_a_plain_pooled_engine_runs(version, tmp_path):
+    """The control for the test above: the same graph, fed as it should be, runs."""
+    backend = opened(engine(tmp_path, pooled_onnx(tmp_path / "plain.onnx"), profile=(1, 2, 2)), max_batch=2)
+    try:
+        backend.input_buffers[0][:] = np.arange(3, dtype=np.float32)[None, :, None, None]
+        assert backend.run(2)[0].tolist() == [[0.0, 1.0, 2.0]] * 2
+    finally:
+        backend.close()
+
+
+def test_a_profile_switch_the_runtime_refuses_names_the_call(version, tmp_path, tiny_onnx, monkeypatch):
+    """The bindings raise RuntimeError for a refused switch (never False); it must come out as the
+    backend's error, with what TensorRT logged, and release everything."""
+    real = tensorrt.IExecutionContext.set_optimization_profile_async
+
+    def busy(self, index, stream):
+        _ = real(self, 0, stream)  # the real argument checks, then the refusal a busy profile gets
+        tensorrt._emit(self.engine.logger, tensorrt.ILogger.ERROR, "profile 1 is in use by another context")
+        raise RuntimeError("Error in set optimization profile async.")
+
+    monkeypatch.setattr(tensorrt.IExecutionContext, "set_optimization_profile_async", busy)
+    with pytest.raises(TensorRTError, match="profile 1 is in use by another context") as info:
+        opened(engine(tmp_path, tiny_onnx, profiles=[(1, 1, 1), (1, 2, 2)]), max_batch=2, profile=1)
+    call = info.value.call
+    del info  # its traceback holds `busy`'s frame, and with it the context
+    assert call == "IExecutionContext.set_optimization_profile_async"
+    assert not nothing_held()
+
+
 def test_an_execute_the_runtime_refuses_names_the_call(version, tmp_path, tiny_onnx):
     backend = opened(engine(tmp_path, tiny_onnx, profile=(1, 2, 2)), max_batch=2)
     output = backend._outputs[0].device_ptr
@@ -475,9 +591,15 @@ def test_the_fake_tensorrt_refuses_what_tensorrt_refuses(version, tmp_path, tiny
     with pytest.raises(TypeError):
         tensorrt.nptype(tensorrt.DataType.BF16)
     assert ctx.set_input_shape("images", (5, 3, SIZE, SIZE)) is False, "outside the profile"
+    with pytest.raises(TypeError):
+        ctx.set_input_shape("images", (2.0, 3, SIZE, SIZE))  # a float is no dimension
+    with pytest.raises(RuntimeError, match="Error in set optimization profile async"):
+        ctx.set_optimization_profile_async(1, 0)  # refused by raising, never by returning False
     assert ctx.set_input_shape("images", (2, 3, SIZE, SIZE + 1)) is False, "a static axis"
     err, stream = cudart.cudaStreamCreate()
-    handle = stream.getPtr()
+    from cuda.bindings.utils import get_cuda_native_handle
+
+    handle = get_cuda_native_handle(stream)
     assert ctx.execute_async_v3(handle) is False, "no shape, no addresses"
     assert ctx.set_input_shape("images", (2, 3, SIZE, SIZE)) is True
     assert tuple(ctx.get_tensor_shape("output0")) == (2, 6, ANCHORS)
@@ -491,14 +613,16 @@ def test_the_fake_tensorrt_refuses_what_tensorrt_refuses(version, tmp_path, tiny
     assert ctx.set_tensor_address("output0", out)
     with pytest.raises(TypeError):
         ctx.execute_async_v3(stream)  # a size_t: the handle, not the cudaStream_t object
+    assert stream.getPtr() != handle
+    assert ctx.execute_async_v3(stream.getPtr()) is False, "getPtr() is where the handle is kept, not the handle"
     assert ctx.execute_async_v3(handle) is True
     assert ctx.execute_async_v3(0) is True and trt_fake.STATE.default_stream_executes == 1
     assert cudart.cudaSetDevice(1)[0] == 0
     assert ctx.execute_async_v3(handle) is False, "the current device is not the engine's"
     assert cudart.cudaSetDevice(0)[0] == 0
     errors = [m for s, m in trt_fake.STATE.log if s == "ERROR"]
-    assert len(errors) == 8 and "Magic tag does not match" in errors[0]
-    assert "no address set for tensor(s) images, output0" in errors[4]
+    assert len(errors) == 10 and "Magic tag does not match" in errors[0]
+    assert "no address set for tensor(s) images, output0" in errors[5]
     for ptr in (small, ins, out):
         cudart.cudaFree(ptr)
     cudart.cudaStreamDestroy(stream)

@@ -106,6 +106,15 @@ def dims(shape: Iterable[Any]) -> tuple[int, ...]:
     return tuple(int(d) for d in shape)
 
 
+def require_name_based_api() -> None:
+    """TensorRT 8.4 (JetPack 5.0) has only the binding-index API, which 10.x removed: say so before
+    any device is touched instead of failing on a missing attribute half-way through `open`."""
+    if not hasattr(trt.IExecutionContext, "execute_async_v3"):
+        raise BackendError(f"TensorRT {trt.__version__} is too old for the tensorrt backend, which needs "
+                           f"8.5 or later (JetPack 5.1 or later on a Jetson); use backend onnxruntime "
+                           f"with the CUDA provider on this machine, or upgrade TensorRT")
+
+
 class TensorRTBackend(Backend):
     name = "tensorrt"
 
@@ -155,6 +164,7 @@ class TensorRTBackend(Backend):
 
     def _open(self, max_batch: int, input_sets: int, output_sets: int) -> ModelSpec:
         require_model_file(self.model_path)
+        require_name_based_api()
         blob = self._read_engine_file()
         self._open_device()
         self._load_engine(blob)
@@ -218,6 +228,7 @@ class TensorRTBackend(Backend):
             raise ModelError(f"{self.model_path}: expected a 4-D image input with a fixed size, got {name} "
                              f"{list(shape)}; build the engine with min/opt/max shapes that differ only "
                              f"in the batch")
+        self._check_profile_index()
         if shape[0] == DYNAMIC:
             self._plan_profile(name, shape, max_batch)
         else:
@@ -232,13 +243,18 @@ class TensorRTBackend(Backend):
             self._set_batch(self._run_max)
         self._outputs = [self._output(n) for n in outputs]
 
-    def _plan_profile(self, name: str, shape: tuple[int, ...], max_batch: int) -> None:
-        """A dynamic batch: the configured optimisation profile's min..max bounds every run."""
-        engine, index = self._engine, self.config.profile
-        count = int(engine.num_optimization_profiles)
+    def _check_profile_index(self) -> None:
+        """Static engines too: one built without profiles has just the implicit profile 0, so a
+        `tensorrt.profile` past it is a mistake to report, not a setting to ignore."""
+        index, count = self.config.profile, int(self._engine.num_optimization_profiles)
         if index >= count:
             raise ModelError(f"{self.model_path}: tensorrt.profile {index} asked for, the engine has "
                              f"{count} optimisation profile(s) (0..{count - 1})")
+
+    def _plan_profile(self, name: str, shape: tuple[int, ...], max_batch: int) -> None:
+        """A dynamic batch: the configured optimisation profile's min..max bounds every run. Another
+        profile than 0 is switched to before any input shape is set (the shapes belong to it)."""
+        engine, index = self._engine, self.config.profile
         bounds = [dims(d) for d in engine.get_tensor_profile_shape(name, index)]
         if len(bounds) != 3 or any(len(b) != 4 or b[1:] != shape[1:] for b in bounds):
             raise ModelError(f"{self.model_path}: profile {index} of input {name} is {bounds}; only the batch "
@@ -247,7 +263,18 @@ class TensorRTBackend(Backend):
         self._profile = (low, opt, high)
         self._capacity = min(max_batch, high)
         self._run_max = max(self._capacity, low)
-        if index and not self._context.set_optimization_profile_async(index, self._stream_handle):
+        if index:
+            self._select_profile(index)
+
+    def _select_profile(self, index: int) -> None:
+        """The bindings raise RuntimeError for a refusal (they never return False); the reason is
+        in TensorRT's log. The switch is queued on our stream, which `_allocate` synchronises."""
+        try:
+            selected = self._context.set_optimization_profile_async(index, self._stream_handle)
+        except RuntimeError as exc:
+            raise TensorRTError("IExecutionContext.set_optimization_profile_async",
+                                f"profile {index}: {self._trt_log.last_error()} ({exc})") from exc
+        if not selected:
             raise TensorRTError("IExecutionContext.set_optimization_profile_async",
                                 f"profile {index}: {self._trt_log.last_error()}")
 

@@ -139,9 +139,9 @@ def run_trt(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sy
         model = inspect_onnx(args.onnx)
         version, how = trt_version(args)
         opts = trt.TrtOptions(output=args.output, fp16=args.fp16, int8=args.int8,
-                              batches=parse_batches(args.batch), imgsz=tuple(args.imgsz) if args.imgsz else None,
+                              batches=trt.parse_profile(args.batch), imgsz=tuple(args.imgsz) if args.imgsz else None,
                               workspace_mb=args.workspace_mb, trt_version=version)
-        plan = trt.build_trtexec(model, opts)
+        plan = trt.with_tool(trt.build_trtexec(model, opts), find_tool("trtexec", (trt.JETSON_TRTEXEC,)))
         output_dir_ready(plan.script_path)
         write_script(plan.script_path, plan.argv, trt.script_comments(plan, model))
     except (ConvertError, OSError) as exc:

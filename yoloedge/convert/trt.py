@@ -22,10 +22,10 @@ import importlib.metadata
 import os
 import re
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from .source import ConvertError, SourceModel, fixed_batch_check, resolve_image_shape
+from .source import ConvertError, SourceModel, fixed_batch_check, parse_batches, resolve_image_shape
 
 #: where JetPack installs trtexec; it is not on PATH there by default.
 JETSON_TRTEXEC = "/usr/src/tensorrt/bin/trtexec"
@@ -70,6 +70,14 @@ def profile_batches(batches: tuple[int, ...] | None) -> tuple[int, int, int]:
                        f"batch range, not gears): got {','.join(map(str, batches))}")
 
 
+def parse_profile(text: str | None) -> tuple[int, ...] | None:
+    """--batch for an engine: B, MIN,MAX or MIN,OPT,MAX, repeats kept (1,1,8 is optimised for 1;
+    the sorted set `parse_batches` makes of ATC's gears would turn it into 1,8, optimised for 8)."""
+    if parse_batches(text) is None or text is None:  # the same checks: whole numbers, at least 1
+        return None
+    return tuple(sorted(int(v) for v in text.split(",") if v.strip()))
+
+
 def build_trtexec(model: SourceModel, opts: TrtOptions) -> TrtPlan:
     """Derive the trtexec command for `model`; touches no file."""
     if opts.workspace_mb is not None and opts.workspace_mb < 1:
@@ -77,7 +85,7 @@ def build_trtexec(model: SourceModel, opts: TrtOptions) -> TrtPlan:
     engine = os.path.abspath(opts.output)
     stem = engine[:-len(".engine")] if engine.endswith(".engine") else engine
     channels, h, w = resolve_image_shape(model, opts.imgsz)
-    own = fixed_batch_check(model, opts.batches)
+    own = fixed_batch_check(model, tuple(sorted(set(opts.batches))) if opts.batches else None)
     argv = ["trtexec", f"--onnx={os.path.abspath(model.path)}", f"--saveEngine={engine}"]
     profile = None
     if -1 in model.shape:
@@ -115,6 +123,14 @@ def config_hint(plan: TrtPlan, model: SourceModel) -> list[str]:
     return ["model:", f"  path: {plan.engine_path}",
             "accelerators:", "  - backend: tensorrt", "    devices: [0]", f"    batch: {plan.batch}",
             "    tensorrt:", f"      source_onnx: {os.path.abspath(model.path)}   # for `yoloedge verify`"]
+
+
+def with_tool(plan: TrtPlan, found: str | None) -> TrtPlan:
+    """The plan calling JetPack's trtexec by its full path when only that one is here: it is not
+    on PATH on a Jetson, so a script saying just `trtexec` would not run there as written."""
+    if found != JETSON_TRTEXEC:
+        return plan
+    return replace(plan, argv=[JETSON_TRTEXEC, *plan.argv[1:]])
 
 
 def version_family(version: str) -> str:

@@ -28,7 +28,13 @@ Real behaviours modelled (API fact sheet section 2, GPU facts "TensorRT Python")
   `max_batch_size`, `has_implicit_batch_dimension`, `set_binding_shape`, `execute_async_v2`,
   `execute_async`, `execute`, `build_engine`, `max_workspace_size`) are absent on a 10.x fake
   (AttributeError, like the real module) and counted in `STATE.legacy_calls` on an 8.6 fake.
-Not modelled: building networks, the ONNX parser, refit, several profiles, shape tensors.
+* several optimisation profiles (`write_engine(profiles=...)`): `set_optimization_profile_async(index,
+  stream)` switches (a refusal is logged and raised as RuntimeError, as the bindings do, not
+  returned as False), and `set_input_shape` checks the active profile's bounds.
+* before 8.5 (`reset(version="8.4.1")`) the name-based API is absent (AttributeError); such a fake
+  only shows that a backend refuses it: its binding-index calls are not made to run.
+Not modelled: building networks, the ONNX parser, refit, shape tensors, one profile shared by
+two contexts.
 """
 
 from __future__ import annotations
@@ -79,6 +85,8 @@ class DataType(enum.Enum):
 _NUMPY_TO_TRT = {"float32": DataType.FLOAT, "float16": DataType.HALF, "int8": DataType.INT8,
                  "int32": DataType.INT32, "bool": DataType.BOOL, "uint8": DataType.UINT8, "int64": DataType.INT64}
 _TRT_TO_NUMPY = {v: np.dtype(k).type for k, v in _NUMPY_TO_TRT.items()}
+#: io_dtypes names of a fake engine for the TensorRT types numpy has no equivalent of.
+_TRT_ONLY = {"bfloat16": DataType.BF16, "fp8": DataType.FP8}
 
 
 def nptype(trt_type: DataType) -> type:
@@ -220,7 +228,8 @@ class ICudaEngine:
 
     @property
     def num_optimization_profiles(self) -> int:
-        return 1
+        """At least 1 (a static engine has the one implicit profile)."""
+        return max(1, len(self._spec.profiles))
 
     @property
     def name(self) -> str:
@@ -246,16 +255,19 @@ class ICudaEngine:
     def get_tensor_dtype(self, name: str) -> DataType:
         _count("ICudaEngine.get_tensor_dtype")
         tensor = self._by_name.get(name)
-        return _NUMPY_TO_TRT[tensor.dtype] if tensor else DataType.FLOAT
+        if tensor is None:
+            return DataType.FLOAT
+        return _TRT_ONLY.get(tensor.dtype) or _NUMPY_TO_TRT[tensor.dtype]
 
     def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[Dims]:
         _count("ICudaEngine.get_tensor_profile_shape")
         tensor = self._by_name.get(name)
-        if tensor is None or not tensor.is_input or self._spec.profile is None or profile_index != 0:
+        profiles = self._spec.profiles
+        if tensor is None or not tensor.is_input or not profiles or not 0 <= profile_index < len(profiles):
             _emit(self.logger, ILogger.ERROR, f"3: [engine.cpp::getProfileShape] Error Code 3: API Usage Error "
                                               f"(no profile {profile_index} shape for tensor {name!r})")
             return []
-        return [Dims((b, *tensor.shape[1:])) for b in self._spec.profile]
+        return [Dims((b, *tensor.shape[1:])) for b in profiles[profile_index]]
 
     def create_execution_context(self) -> "IExecutionContext":
         _count("ICudaEngine.create_execution_context")
@@ -284,18 +296,34 @@ class IExecutionContext:
         return None if -1 in batches or len(batches) != 1 else batches.pop()
 
     def set_optimization_profile_async(self, profile_index: int, stream_handle: int) -> bool:
+        """As the bindings do: a refusal is logged and raised as RuntimeError (never a False).
+        Switching forgets the dynamic input shapes: they are set again for the new profile."""
         _count("IExecutionContext.set_optimization_profile_async")
-        if profile_index != 0:
-            _emit(self.engine.logger, ILogger.ERROR, f"3: setOptimizationProfile: profile index {profile_index} "
-                                                     f"out of range (the engine has 1)")
-            return False
+        for value, what in ((profile_index, "profile_index: int"), (stream_handle, "stream_handle: int")):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"set_optimization_profile_async(): incompatible function arguments ({what})")
+        count = self.engine.num_optimization_profiles
+        why = None
+        if not 0 <= profile_index < count:
+            why = f"profile index {profile_index} out of range (the engine has {count})"
+        else:
+            why = self.engine._memory.stream_problem(stream_handle, self.engine._device)
+        if why:
+            _emit(self.engine.logger, ILogger.ERROR, f"3: [executionContext.cpp::setOptimizationProfileInternal] "
+                                                     f"Error Code 3: API Usage Error ({why})")
+            raise RuntimeError("Error in set optimization profile async.")
         self._profile = profile_index
+        for t in self.engine._spec.tensors:
+            if t.is_input and -1 in t.shape:
+                self._shapes[t.name] = t.shape
         return True
 
     def set_input_shape(self, name: str, shape) -> bool:
         _count("IExecutionContext.set_input_shape")
         spec = self.engine._spec
         tensor = self.engine._by_name.get(name)
+        if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape):
+            raise TypeError("set_input_shape(): incompatible function arguments (shape: Dims, a sequence of ints)")
         wanted = tuple(int(d) for d in shape)
         why = None
         if tensor is None or not tensor.is_input:
@@ -304,8 +332,9 @@ class IExecutionContext:
             why = f"rank {len(wanted)} for a rank-{len(tensor.shape)} tensor"
         elif any(s != -1 and s != w for s, w in zip(tensor.shape, wanted)):
             why = f"{list(wanted)} differs from the static dimensions {list(tensor.shape)}"
-        elif spec.profile is not None and not spec.profile[0] <= wanted[0] <= spec.profile[2]:
-            why = f"batch {wanted[0]} is outside the optimization profile [{spec.profile[0]}, {spec.profile[2]}]"
+        elif spec.profiles and not spec.profiles[self._profile][0] <= wanted[0] <= spec.profiles[self._profile][2]:
+            low, _, high = spec.profiles[self._profile]
+            why = f"batch {wanted[0]} is outside the optimization profile [{low}, {high}] (profile {self._profile})"
         if why:
             _emit(self.engine.logger, ILogger.ERROR, f"3: [executionContext.cpp::setInputShape] Error Code 3: API "
                                                      f"Usage Error (Parameter check failed: {why})")
@@ -491,14 +520,33 @@ LEGACY: dict[type, dict[str, Any]] = {
 }
 
 
+#: the name-based tensor API, new in TensorRT 8.5 (JetPack 5.0's 8.4 has only the binding indices).
+NAME_BASED: dict[type, dict[str, Any]] = {
+    ICudaEngine: {name: ICudaEngine.__dict__[name] for name in (
+        "num_io_tensors", "get_tensor_name", "get_tensor_mode", "get_tensor_shape", "get_tensor_dtype",
+        "get_tensor_profile_shape")},
+    IExecutionContext: {name: IExecutionContext.__dict__[name] for name in (
+        "set_input_shape", "set_tensor_address", "get_tensor_address", "execute_async_v3")},
+}
+
+
 def _install(version: str) -> None:
-    """Make the module look like TensorRT `version`: the legacy APIs exist only before 10."""
+    """Make the module look like TensorRT `version`: the legacy APIs exist only before 10, the
+    name-based ones only from 8.5."""
     global __version__
     __version__ = version
-    legacy = int(version.split(".")[0]) < 10
+    major, minor = (int(part) for part in version.split(".")[:2])
+    legacy = major < 10
     for cls, members in LEGACY.items():
         for name, member in members.items():
             if legacy:
+                setattr(cls, name, member)
+            elif name in cls.__dict__:
+                delattr(cls, name)
+    named = (major, minor) >= (8, 5)
+    for cls, members in NAME_BASED.items():
+        for name, member in members.items():
+            if named:
                 setattr(cls, name, member)
             elif name in cls.__dict__:
                 delattr(cls, name)

@@ -9,11 +9,14 @@ written by `write_engine`:
      "precision": "fp16",                  # fp32 | fp16 | int8 (trtexec --fp16/--int8; only a tag)
      "batch": 1,                           # static engine: its fixed batch
      "profile": [1, 2, 4],                 # or a dynamic batch axis with this min/opt/max profile
+     "profiles": [[1, 2, 4], [1, 8, 16]],  # or several optimisation profiles
      "io_dtypes": {"images": "float16"}}   # tensors built with --inputIOFormats/--outputIOFormats
 
 The engine's tensors are the ONNX inputs and outputs with the batch axis replaced (-1 when a
-profile is given). An ONNX whose batch is fixed at 1 runs one frame at a time, so a dynamic-batch
-engine can stand for one built from a batch-1 export. Deserialising fails (None, and an error
+profile is given); an axis past the batch that ONNX Runtime reports by name stays -1 (a
+data-dependent size, as of TopK with a computed k). `io_dtypes` may also name "bfloat16" or "fp8",
+types TensorRT has and numpy lacks. An ONNX whose batch is fixed at 1 runs one frame at a time, so
+a dynamic-batch engine can stand for one built from a batch-1 export. Deserialising fails (None, and an error
 through the logger) for a file without the magic line, a broken header, or another TensorRT
 version, as a real plan from another release does.
 
@@ -66,9 +69,10 @@ class EngineSpec:
     version: str
     precision: str
     batch: int  # static batch (0 when dynamic)
-    profile: tuple | None  # (min, opt, max) batch
+    profile: tuple | None  # (min, opt, max) batch of profile 0
     tensors: list  # TensorInfo, inputs first, in ONNX order
     onnx_batch_fixed: bool
+    profiles: tuple = ()  # every optimisation profile's (min, opt, max) batch; () for a static engine
 
 
 class State:
@@ -131,10 +135,16 @@ atexit.register(write_report)
 
 # -- engine files ----------------------------------------------------------------------------------
 def write_engine(path, onnx, *, batch: int = 1, profile: Sequence[int] | None = None, precision: str = "fp32",
-                 io_dtypes: dict | None = None, version: str | None = None) -> str:
-    """Write a fake engine for `onnx` (see the module docstring); returns its path."""
+                 io_dtypes: dict | None = None, version: str | None = None,
+                 profiles: Sequence[Sequence[int]] | None = None) -> str:
+    """Write a fake engine for `onnx` (see the module docstring); returns its path. `profiles`
+    gives several optimisation profiles (the first is also `profile`)."""
+    if profiles:
+        profile = profiles[0]
     header = {"onnx": os.path.abspath(str(onnx)), "trt_version": version or STATE.tag(), "precision": precision,
               "batch": batch, "profile": list(profile) if profile else None, "io_dtypes": io_dtypes or {}}
+    if profiles:
+        header["profiles"] = [list(p) for p in profiles]
     with open(path, "wb") as f:
         f.write(MAGIC + json.dumps(header).encode())
     return str(path)
@@ -172,19 +182,23 @@ def parse_engine(blob: bytes) -> EngineSpec:
                          f"Note: the engine was built with TensorRT {built}, this is {STATE.version})")
     sess = session(onnx)
     profile = tuple(int(b) for b in header["profile"]) if header.get("profile") else None
-    if profile is not None and not (1 <= profile[0] <= profile[1] <= profile[2]):
-        raise ValueError(f"1: Error Code 1: Serialization (bad profile {list(profile)})")
+    profiles = tuple(tuple(int(b) for b in p) for p in header.get("profiles") or ([profile] if profile else []))
+    for bounds in profiles:
+        if len(bounds) != 3 or not (1 <= bounds[0] <= bounds[1] <= bounds[2]):
+            raise ValueError(f"1: Error Code 1: Serialization (bad profile {list(bounds)})")
     batch = 0 if profile else int(header.get("batch", 1))
     overrides = header.get("io_dtypes") or {}
     tensors = []
     for node, is_input in [(i, True) for i in sess.get_inputs()] + [(o, False) for o in sess.get_outputs()]:
-        rest = tuple(int(d) for d in node.shape[1:])
+        # a named (symbolic) axis past the batch is data-dependent, -1 even once the inputs are set,
+        # as TensorRT reports the outputs of NonZero or an NMS layer
+        rest = tuple(d if isinstance(d, int) else -1 for d in node.shape[1:])
         onnx_dtype = _ORT_DTYPES[node.type]
         shape = ((-1 if profile else batch), *rest)
         tensors.append(TensorInfo(node.name, is_input, shape, overrides.get(node.name, onnx_dtype), onnx_dtype))
     first = sess.get_inputs()[0].shape[0]
     return EngineSpec(onnx, onnx, built, str(header.get("precision", "fp32")), batch, profile, tensors,
-                      isinstance(first, int) and first == 1)
+                      isinstance(first, int) and first == 1, profiles)
 
 
 def compute(spec: EngineSpec, batch: int, read: Callable[[TensorInfo, int], np.ndarray],

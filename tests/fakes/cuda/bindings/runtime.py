@@ -18,7 +18,8 @@ Real behaviours modelled (API fact sheet section 3.1, GPU facts "cuda-python"):
   synchronise gets stale results, as on a GPU. The legacy default stream (0) runs its work at
   once, after every other stream's, and the fake counts every use of it. cudaMemcpy (synchronous)
   completes all queued work first;
-* `cudaStream_t` converts with `int()`; from cuda-python 12.9.1 that is deprecated in favour of
+* `cudaStream_t` converts with `int()` (`getPtr()` is the address where the handle is kept, not the
+  handle); from cuda-python 12.9.1 that is deprecated in favour of
   `cuda.bindings.utils.get_cuda_native_handle` (the fake warns, DeprecationWarning).
 Not modelled: events, graphs, peer access, managed memory, cudaHostAlloc flags.
 """
@@ -60,13 +61,16 @@ class cudaMemcpyKind(enum.IntEnum):
 
 
 class cudaStream_t:
-    """A stream handle object, as cuda-python returns them."""
+    """A stream handle object, as cuda-python returns them. `getPtr()` is the address of the
+    handle (a pointer to the pointer, as in cuda-python), never the handle itself: passed to
+    TensorRT as a stream it names no stream."""
 
     def __init__(self, init_value: int = 0):
         self._handle = int(init_value)
+        self._pvt = ctypes.c_void_p(self._handle or None)  # where the handle is stored
 
     def getPtr(self) -> int:
-        return self._handle
+        return ctypes.addressof(self._pvt)
 
     def __int__(self) -> int:
         if _fake.STATE.native_handle:

@@ -11,7 +11,7 @@ def _get_cuda_native_handle(obj: Any) -> int:
     from .runtime import cudaStream_t
 
     if isinstance(obj, cudaStream_t):
-        return obj.getPtr()
+        return obj._handle
     raise TypeError(f"Unsupported type {type(obj).__name__}")
 
 
