@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from ..redact import SECRETS, redact_text, redact_url
+from ..redact import MASK, SECRETS, redact_text, redact_url
 
 
 class Decoder(str, Enum):
@@ -94,6 +94,13 @@ PRESETS: dict[Decoder, Preset] = {
                            "an NVIDIA GPU with its driver and GStreamer's nvcodec plugin "
                            "(gstreamer1.0-plugins-bad)"),
 }
+#: the elements around the decoder in each chain (`rtsp_launch`, `file_launch`); the RTSP chain's
+#: h264timestamper came with GStreamer 1.22 (Ubuntu 22.04 and JetPack 6 have 1.20)
+RTSP_CHAIN = ("rtspsrc", "rtph264depay", "h264parse", "h264timestamper")
+SOFTWARE_FILE_CHAIN = ("filesrc", "decodebin")
+HARDWARE_FILE_CHAIN = ("filesrc", "parsebin", "h264parse")
+CHAIN_NEEDS = ("GStreamer 1.22 or later with gstreamer1.0-plugins-good and gstreamer1.0-plugins-bad "
+               "(h264timestamper came with 1.22)")
 #: what `auto` tries, best first; then software GStreamer, then OpenCV
 AUTO_ORDER = (Decoder.JETSON, Decoder.NVIDIA, Decoder.VAAPI, Decoder.GSTREAMER)
 
@@ -146,6 +153,13 @@ def _quote(value: str) -> str:
 # -- `pipeline:` launch strings --------------------------------------------------------------------
 
 _SCHEME_START = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+#: an element property that holds a credential outside any URL: rtspsrc's and souphttpsrc's
+#: user-id/user-pw/proxy-id/proxy-pw, srtsrc's passphrase, and any *password, *passwd, *secret,
+#: *token. The user names too, as a URL's user-info is hidden whole. Value: quoted, or to white space.
+_CREDENTIAL_PROPERTY = re.compile(
+    r"""(?<![^\s])((?:user|proxy)-id|[\w-]*(?:-pw|passphrase|password|passwd|secret|token))="""
+    r"""("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|\S+)""",
+    re.IGNORECASE)
 
 
 def split_links(launch: str) -> list[str]:
@@ -195,13 +209,25 @@ def launch_urls(launch: str) -> list[str]:
 
 
 def register_launch_secrets(launch: str) -> None:
-    """Register the credentials of every URL in a launch string, as camera URLs are: before any
-    check, so no message about the pipeline can quote them."""
+    """Register the credentials of every URL in a launch string, as camera URLs are, and the
+    values of its credential properties (`user-pw=`): before any check, so no message about the
+    pipeline can quote them."""
     for url in launch_urls(launch):
         SECRETS.add_url(url)
+    for match in _CREDENTIAL_PROPERTY.finditer(launch):
+        if not match.group(1).lower().endswith("-id"):  # a bare user name ("admin") is not scrubbed
+            SECRETS.add_secret(_unquote(match.group(2)))  # from every log line, as in url_secrets
+
+
+def _unquote(value: str) -> str:
+    """A launch-string value as the element receives it: quotes off, backslash escapes undone."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return re.sub(r"\\(.)", r"\1", value[1:-1])
+    return value
 
 
 def display_launch(launch: str) -> str:
-    """A launch string as logs and status show it (secrets registered first)."""
+    """A launch string as logs and status show it (secrets registered first); a credential
+    property's value is `***` whatever its length (one too short to register is still hidden)."""
     register_launch_secrets(launch)
-    return redact_text(launch)
+    return redact_text(_CREDENTIAL_PROPERTY.sub(lambda m: f"{m.group(1)}={MASK}", launch))

@@ -30,9 +30,9 @@ from ..config.schema import CameraConfig
 from ..redact import redact_text, redact_url
 from .capture import (Source, SourceError, SourceKind, UnsupportedSourceError, local_path, open_source,
                       plausible_fps, source_kind)
-from .gstlaunch import (AUTO_ORDER, DECODEBIN_NAME, GSTREAMER_HINT, PRESETS, SINK_MAX_BUFFERS, SINK_NAME,
-                        SOURCE_NAME, Decoder, Preset, display_launch, file_launch, gi_installed,
-                        register_launch_secrets, rtsp_launch, split_links)
+from .gstlaunch import (AUTO_ORDER, CHAIN_NEEDS, DECODEBIN_NAME, GSTREAMER_HINT, HARDWARE_FILE_CHAIN, PRESETS,
+                        RTSP_CHAIN, SINK_MAX_BUFFERS, SINK_NAME, SOFTWARE_FILE_CHAIN, SOURCE_NAME, Decoder, Preset,
+                        display_launch, file_launch, gi_installed, register_launch_secrets, rtsp_launch, split_links)
 from .imagesize import DEFAULT_LIMITS, ImageLimits
 
 log = logging.getLogger(__name__)
@@ -112,15 +112,33 @@ def choose_decoder(config: CameraConfig) -> Choice:
         return _auto(kind)
     gst()
     if requested is Decoder.GSTREAMER and kind is SourceKind.FILE:
-        return Choice(requested, "decodebin")
-    element = preset_element(PRESETS[requested])
+        element: str | None = "decodebin"
+    else:
+        element = preset_element(PRESETS[requested])
     if element is None:
         preset = PRESETS[requested]
         wanted = " or ".join(preset.elements) + "".join(f" with {helper}" for helper in preset.helpers)
         raise UnsupportedSourceError(f"decoder: {requested} needs the GStreamer element {wanted}, which this "
                                      f"machine does not have; it needs {preset.needs}. Use decoder: auto "
                                      f"(picks what is there) or decoder: gstreamer (software)")
+    missing = chain_missing(requested, kind)
+    if missing:
+        raise UnsupportedSourceError(f"decoder: {requested} on a {kind.value} source also needs the GStreamer "
+                                     f"element(s) {', '.join(missing)}, which this machine does not have; they "
+                                     f"need {CHAIN_NEEDS}. Use decoder: opencv (or auto), or a pipeline: "
+                                     f"without them")
     return Choice(requested, element)
+
+
+def chain_missing(decoder: Decoder, kind: SourceKind) -> list[str]:
+    """The elements of the preset's chain around its decoder that this machine lacks: a launch
+    string naming one cannot even be built, so `auto` must pass over such a preset."""
+    chain: tuple[str, ...]
+    if kind is SourceKind.RTSP:
+        chain = RTSP_CHAIN
+    else:
+        chain = SOFTWARE_FILE_CHAIN if decoder is Decoder.GSTREAMER else HARDWARE_FILE_CHAIN
+    return [name for name in chain if not element_present(name)]
 
 
 def _auto(kind: SourceKind) -> Choice:
@@ -129,6 +147,8 @@ def _auto(kind: SourceKind) -> Choice:
     except UnsupportedSourceError:
         return Choice(Decoder.OPENCV)  # no PyGObject: auto means OpenCV
     for decoder in AUTO_ORDER:
+        if chain_missing(decoder, kind):
+            continue
         if decoder is Decoder.GSTREAMER and kind is SourceKind.FILE:
             return Choice(decoder, "decodebin")
         element = preset_element(PRESETS[decoder])
@@ -253,6 +273,11 @@ class GStreamerSource(Source):
         sink = pipeline.get_by_name(self._spec.sink_name)
         if sink is None or sink.get_factory() is None or sink.get_factory().get_name() != "appsink":
             raise UnsupportedSourceError(f"{self.description}: the pipeline's last element must be an appsink")
+        appsinks = _elements_of(pipeline, "appsink")
+        if len(appsinks) > 1:
+            raise UnsupportedSourceError(f"{self.description}: the pipeline has {len(appsinks)} appsinks; it may "
+                                         f"have one (nobody reads the others, which would fill memory): end the "
+                                         f"other branches in fakesink")
         self._sink = sink
         self._configure_sink(sink)
         decodebin = pipeline.get_by_name(DECODEBIN_NAME)
@@ -325,7 +350,14 @@ class GStreamerSource(Source):
             if sample is not None:
                 return sample
             if self._sink.is_eos():
-                self.eof = True
+                # An element that fails posts its ERROR, then sends EOS downstream: the EOS can
+                # reach the sink while this slice waits, so the bus is read again before it
+                # counts as an end (else a 404 or a caps mismatch reads as "ended").
+                self._broken = self._bus_error()
+                if self._broken is not None:
+                    self.error = self._broken
+                else:
+                    self.eof = True
                 return None
             if left <= PULL_SLICE_S:
                 self.error = f"{self.description}: no frame for {timeout_s:.1f} s (read timed out)"
@@ -466,6 +498,18 @@ def _limit_threads(element: Any, threads: int) -> None:
     if factory is not None and factory.get_name().startswith("avdec_") \
             and element.find_property("max-threads") is not None:
         element.set_property("max-threads", threads)
+
+
+def _elements_of(pipeline: Any, factory_name: str) -> list[Any]:
+    """The elements of `pipeline` (in bins too) made by the factory `factory_name`."""
+    found: list[Any] = []
+
+    def keep(element: Any, _data: Any) -> None:
+        factory = element.get_factory()
+        if factory is not None and factory.get_name() == factory_name:
+            found.append(element)
+    pipeline.iterate_recurse().foreach(keep, None)
+    return found
 
 
 def _on_element_added(_bin: Any, _sub_bin: Any, element: Any, threads: int) -> None:
