@@ -563,3 +563,32 @@ def test_a_post_stage_that_cannot_start_a_thread_unqueues_the_batch(monkeypatch)
     wait_until(lambda: post.pending() == 0, what="the skipped ticket handled")
     assert post.threads == 1
     assert post.stop(5)
+
+
+def test_stopping_waits_for_post_processing_to_return_the_outputs_before_closing(model):
+    """The arrays `run` returns are views of the backend's output memory (pinned host memory on
+    TensorRT and Ascend): closing the device while post-processing still reads one would be a
+    use-after-free. A normal stop stops workers before post-processing, so it must wait too."""
+
+    class Recording(FlakyBackend):
+        post_busy_at_close: list[bool] = []
+
+        def close(self):
+            self.post_busy_at_close.append(not p.published.gate.is_set())
+            super().close()
+
+    backend = Recording(model)
+    p = Pipeline(model, [backend], batch=1, post_threads=1)
+    p.published.gate.clear()  # post-processing holds the first output set inside publish
+    sink = p.camera("a", 4)
+    assert sink(frame("a", 0), 5.0)
+    assert p.published.entered.wait(10)
+    for prep in p.preparers:
+        prep.stop()
+    p.workers[0].stop()
+    threading.Timer(0.5, p.published.gate.set).start()
+    p.workers[0].join(20)
+    assert not p.workers[0].is_alive()
+    assert Recording.post_busy_at_close == [False], "closed while post-processing still held an output set"
+    assert [s for _, s, _ in p.published.items] == [0]
+    p.stop()

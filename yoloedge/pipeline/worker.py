@@ -525,8 +525,9 @@ class DeviceWorker:
                 self.batcher.set_down(self.worker_name, True)
             self._remove_buffers(inc, "the device failed" if inc.failure is not None else "the device stopped")
             inc.buffers_out.set()
-        if inc.failure is not None or inc.abandoned:
-            self._await_output_sets(inc)
+        # Always, a normal stop included: workers stop before post-processing, which may still read
+        # the last outputs, views of device-side memory (pinned host memory on TensorRT and Ascend).
+        self._await_output_sets(inc)
         if inc.failure is not None:
             self._reserve_spare()
         if inc.keep_open is not None:
