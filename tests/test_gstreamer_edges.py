@@ -210,3 +210,20 @@ def test_reconnects_leave_no_threads_or_descriptors(rtsp_server, gst_modules):
     fds, threads = counts()
     # a pooled thread may still be winding down when counted: 2 spare; a leak per connection is 20
     assert fds <= settled[0] + 2 and threads <= settled[1] + 2, (settled, (fds, threads))
+
+
+def test_bench_decode_reads_the_whole_clip_with_each_decoder(media):
+    """`yoloedge bench decode`: every frame through each decoder, absent hardware said, not fatal."""
+    import subprocess
+    import sys
+
+    from daemon_harness import REPO
+
+    result = subprocess.run([sys.executable, "-m", "yoloedge", "bench", "decode", "--clip",
+                             str(media / "street_people_720p.mp4"), "--decoders", "opencv,gstreamer,jetson",
+                             "--rounds", "1"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[2:]}
+    assert rows["opencv"][1:3] == ["opencv", "314"], result.stdout
+    assert rows["gstreamer"][1:3] == ["gstreamer", "314"], result.stdout
+    assert "not available here: decoder: jetson needs the GStreamer element nvv4l2decoder" in result.stdout
