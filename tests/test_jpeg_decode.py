@@ -183,6 +183,14 @@ def test_exif_orientation_is_applied_by_every_decoder(gpu_fakes, media):
     assert fakes["nvjpeg"].calls["decode"] == 0  # pynvjpeg cannot: OpenCV decodes those
 
 
+def test_exif_orientation_behind_fill_bytes_is_read():
+    """Any marker may be preceded by 0xFF fill bytes (JPEG, B.1.1.2); OpenCV reads past them."""
+    data = bytearray(with_exif_orientation(b"\xff\xd8\xff\xdb\x00\x02", 6))
+    assert jpeg.exif_orientation(bytes(data)) == 6
+    padded = data[:2] + b"\xff\xff\xff" + data[2:]
+    assert jpeg.exif_orientation(bytes(padded)) == 6
+
+
 def with_exif_orientation(data: bytes, orientation: int) -> bytes:
     """`data` with an APP1 Exif segment holding only an orientation tag (big-endian TIFF)."""
     ifd = (b"MM\x00\x2a" + (8).to_bytes(4, "big") + (1).to_bytes(2, "big")

@@ -215,6 +215,8 @@ def test_parts_without_length_made_of_short_lines_stay_within_bounds():
     (b"HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Digest realm=\"cam\", nonce=\"1\"\r\n\r\n",
      "HTTP 401: user name or password refused; the camera asks for Digest"),
     (b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", "HTTP 404 Not Found"),
+    # a reason phrase is the camera's text: terminal escapes in it must not reach the log as such
+    (b"HTTP/1.1 503 Busy\x1b[2J\r\nContent-Length: 0\r\n\r\n", r"HTTP 503 Busy\\x1b\[2J$"),
     (f"HTTP/1.1 302 Found\r\nLocation: http://{USER}:{SECRET}@10.0.0.9/x\r\n\r\n".encode(),
      "HTTP 302: the camera redirects elsewhere"),
     (b"RTSP/1.0 200 OK\r\n\r\n", "cannot open stream: the answer is not HTTP"),

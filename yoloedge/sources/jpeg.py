@@ -264,6 +264,9 @@ def exif_orientation(data: bytes) -> int | None:
         return None
     at = 2
     while at + 4 <= len(data) and data[at] == 0xFF:
+        if data[at + 1] == 0xFF:  # a fill byte: any marker may be preceded by any number of them
+            at += 1
+            continue
         marker = data[at + 1]
         if marker == 0xDA or 0xD0 <= marker <= 0xD9:  # the scan, or no segment with a length
             return None

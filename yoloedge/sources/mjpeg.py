@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import ImageError
 from ..redact import redact_url
+from ..textsafe import printable
 from .capture import Source, SourceError, SourceKind
 from .imagesize import DEFAULT_LIMITS, ImageLimits, ImageTooLarge
 from .jpeg import JpegDecoder, decode
@@ -172,7 +173,7 @@ class MjpegStream:
             raise SourceError(f"{self.description}: HTTP {status}: the camera redirects elsewhere; "
                               f"give the address it redirects to")
         if status != 200:
-            raise SourceError(f"{self.description}: HTTP {status} {response.reason[:100]}")
+            raise SourceError(f"{self.description}: HTTP {status} {printable(response.reason[:100])}")
         content_type = response.headers.get_content_type()
         if content_type != "multipart/x-mixed-replace":
             raise NotMjpegError(f"{self.description}: not an MJPEG stream (Content-Type {content_type[:100]})")
