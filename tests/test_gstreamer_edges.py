@@ -6,13 +6,16 @@ reconnects. Real GStreamer, the real test RTSP server; nothing here is a fake.
 from __future__ import annotations
 
 import gc
+import hashlib
 import http.server
 import os
 import textwrap
 import threading
+import tracemalloc
 from contextlib import contextmanager
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 import test_gstreamer
@@ -46,10 +49,10 @@ def pipeline_camera(launch: str, **overrides):
 
 # -- an error that ends the stream is the error, not an end ---------------------------------------------
 def test_caps_mismatch_is_reported_not_taken_for_an_end(gst_modules):
-    """videotestsrc cannot give the appsink BGR: it posts not-negotiated and sends EOS. Live, it
-    does so once playing, so the EOS reaches the sink while the read waits; the error (with its
-    hint) must win. Five times: the race went the wrong way every time before."""
-    launch = "videotestsrc is-live=true ! video/x-raw,format=I420,width=64,height=48 ! appsink"
+    """NV12 cannot reach an appsink that takes BGR or I420: videotestsrc posts not-negotiated and
+    sends EOS. Live, it does so once playing, so the EOS reaches the sink while the read waits;
+    the error (with its hint) must win. Five times: the race went the wrong way every time before."""
+    launch = "videotestsrc is-live=true ! video/x-raw,format=NV12,width=64,height=48 ! appsink"
     for _ in range(5):
         with pytest.raises(SourceError) as info:
             pipeline_source(launch, open_timeout_s=3.0)
@@ -227,3 +230,103 @@ def test_bench_decode_reads_the_whole_clip_with_each_decoder(media):
     assert rows["opencv"][1:3] == ["opencv", "314"], result.stdout
     assert rows["gstreamer"][1:3] == ["gstreamer", "314"], result.stdout
     assert "not available here: decoder: jetson needs the GStreamer element nvv4l2decoder" in result.stdout
+
+
+# -- I420 frames: colours, plane layouts, no allocation per frame ---------------------------------------
+#: (B, G, R) of each test colour: its ARGB for videotestsrc
+COLOURS = {(0, 0, 255): 0xffff0000, (0, 255, 0): 0xff00ff00, (255, 0, 0): 0xff0000ff,
+           (255, 255, 255): 0xffffffff, (128, 128, 128): 0xff808080, (192, 128, 48): 0xff3080c0}
+
+
+def read_all(source) -> list:
+    try:
+        frames = []
+        while (frame := source.read()) is not None:
+            frames.append(frame)
+        assert source.eof and source.error is None, source.error
+        return frames
+    finally:
+        source.release()
+
+
+def colour_frame(argb: int, caps: str, setter: str = "", size: tuple[int, int] = (64, 48)) -> np.ndarray:
+    """One frame of a solid colour, encoded into I420 by GStreamer's videoconvert as `caps` say."""
+    width, height = size
+    frames = read_all(pipeline_source(f"videotestsrc num-buffers=1 pattern=solid-color foreground-color={argb} "
+                                      f"! video/x-raw,format=RGB,width={width},height={height} ! videoconvert "
+                                      f"! {caps} ! {setter}appsink"))
+    assert len(frames) == 1 and frames[0].shape == (height, width, 3)
+    return frames[0]
+
+
+@pytest.mark.parametrize("colorimetry", ["bt601", "bt709", "1:4:0:0", "1:3:5:1"])
+def test_i420_frames_keep_their_colours(gst_modules, colorimetry):
+    """Each colour, encoded in the stated matrix and range (limited/full BT.601, limited/full
+    BT.709), comes back as itself. BT.601 applied to BT.709 red is 22 levels off, limited range
+    applied to full range 20: far beyond the 3 that rounding twice leaves."""
+    for bgr, argb in COLOURS.items():
+        frame = colour_frame(argb, f"video/x-raw,format=I420,colorimetry={colorimetry}")
+        assert np.abs(frame.astype(int) - bgr).max() <= 3, (colorimetry, bgr, frame[0, 0])
+
+
+def test_i420_frames_without_colorimetry_are_bt601(gst_modules):
+    """Caps that state no colorimetry: BT.601 limited range, as FFmpeg (and so decoder: opencv)
+    assumes, also for HD sizes, where GstVideo would guess BT.709 (red 22 levels off)."""
+    for bgr, argb in COLOURS.items():
+        frame = colour_frame(argb, "video/x-raw,format=I420,colorimetry=bt601",
+                             'capssetter join=false replace=true caps="video/x-raw,format=I420,width=1280,'
+                             'height=720,framerate=30/1" ! ', size=(1280, 720))
+        assert np.abs(frame.astype(int) - bgr).max() <= 3, (bgr, frame[0, 0])
+
+
+@pytest.mark.parametrize("width, height", [(64, 48), (66, 48), (65, 49)])
+def test_i420_frames_of_any_plane_layout(gst_modules, width, height):
+    """64x48: the planes lie as cv2 wants them. 66 wide: every row padded (strides 68 and 36).
+    65x49: odd sides too (chroma 33x25). The reference is the same frames through videoconvert with
+    the chroma repeated, not interpolated (chroma-mode=none): rounding apart, 1.6 grey levels at
+    most (measured); a wrong stride shears the picture, a misplaced chroma plane discolours it."""
+    for pattern in ("smpte", "ball"):
+        head = (f"videotestsrc num-buffers=3 pattern={pattern} "
+                f"! video/x-raw,format=I420,width={width},height={height},colorimetry=bt601")
+        ours = read_all(pipeline_source(f"{head} ! appsink"))
+        reference = read_all(pipeline_source(f"{head} ! videoconvert chroma-mode=none dither=none "
+                                             "! video/x-raw,format=BGR ! appsink"))
+        assert len(ours) == len(reference) == 3
+        for mine, theirs in zip(ours, reference):
+            assert mine.shape == (height, width, 3)
+            assert np.abs(mine.astype(int) - theirs).mean() <= 2.5, (pattern, width, height)
+
+
+@pytest.mark.parametrize("caps", ["format=I420,width=640,height=480,colorimetry=bt601",
+                                  "format=I420,width=640,height=480,colorimetry=bt709",
+                                  "format=I420,width=321,height=241,colorimetry=bt601",
+                                  "format=BGR,width=640,height=480"])
+def test_reused_frame_is_filled_without_allocating(gst_modules, caps):
+    """reuse_frame: every read fills the first frame's array, and nothing frame-sized is allocated
+    after it (tracemalloc sees numpy's and cv2's arrays); the pictures are those a fresh array gets.
+    Allowed: PyGObject's copy of the mapped buffer (without gst-python's overrides MapInfo.data is
+    a new bytes object per map)."""
+    from yoloedge.sources.gstreamer import gst
+    g = gst()
+    buffer_bytes = g.GstVideo.VideoInfo.new_from_caps(g.Gst.Caps.from_string(f"video/x-raw,{caps}")).size
+    launch = f"videotestsrc num-buffers=8 pattern=ball ! video/x-raw,{caps} ! appsink"
+    fresh = [hashlib.sha256(frame).hexdigest() for frame in read_all(pipeline_source(launch))]
+    source = pipeline_source(launch)
+    source.reuse_frame = True
+    try:
+        first = source.read()
+        assert first is not None
+        seen, same = [hashlib.sha256(first).hexdigest()], True
+        tracemalloc.start()
+        try:
+            for _ in range(7):
+                frame = source.read()
+                same = same and frame is first
+                seen.append(hashlib.sha256(frame).hexdigest())
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    finally:
+        source.release()
+    assert same and seen == fresh and len(set(seen)) == 8
+    assert peak < buffer_bytes + first.nbytes // 10, (peak, buffer_bytes, first.nbytes)

@@ -61,36 +61,43 @@ SINK_NAME = "yoloedge_sink"
 DECODEBIN_NAME = "yoloedge_decode"
 #: frames the appsink holds: enough to decode ahead by one while the reader takes the other
 SINK_MAX_BUFFERS = 2
+#: the caps a `pipeline:`'s appsink gets when the string sets none: I420 (converted to BGR in
+#: Python, as the presets' frames are) or BGR as it is; a videoconvert before the appsink picks
+#: whichever loses less of what it is given (I420 from a decoder: passed through untouched)
+PIPELINE_SINK_CAPS = "video/x-raw,format={ I420, BGR }"
 #: rtspsrc's jitter buffer (ms), as in the chain this follows
 RTSP_LATENCY_MS = 200
 
 
 @dataclass(frozen=True)
 class Preset:
-    """A hardware (or software) H.264 decoder and what it takes to get BGR out of it."""
+    """A hardware (or software) H.264 decoder and what it takes to get I420 out of it."""
 
     decoder: Decoder
     elements: tuple[str, ...]  # candidate decoder elements, the first one present is used
     helpers: tuple[str, ...]  # further elements the chain needs
-    to_system_memory: str  # launch text between the decoder and videoconvert
+    to_system_memory: str  # launch text between the decoder and the I420 caps (system memory)
     needs: str  # what provides the elements, for the error when they are missing
 
 
 PRESETS: dict[Decoder, Preset] = {
-    Decoder.GSTREAMER: Preset(Decoder.GSTREAMER, ("avdec_h264",), (), "",
+    # videoconvert passes the decoder's I420 through untouched, and converts anything else to it.
+    Decoder.GSTREAMER: Preset(Decoder.GSTREAMER, ("avdec_h264",), (), "videoconvert ! ",
                               "GStreamer's libav plugin (gstreamer1.0-libav)"),
-    # nvv4l2decoder outputs NV12 in NVMM (device) memory; nvvidconv copies it out as BGRx.
-    Decoder.JETSON: Preset(Decoder.JETSON, ("nvv4l2decoder",), ("nvvidconv",),
-                           "nvvidconv ! video/x-raw,format=BGRx ! ",
+    # nvv4l2decoder outputs NV12 in NVMM (device) memory; nvvidconv copies it out as I420 (one of
+    # its system-memory output formats, in NVIDIA's Jetson GStreamer guide), so no CPU conversion
+    # runs before Python's. Not yet run on a Jetson; a padded pitch arrives as the buffer's video meta.
+    Decoder.JETSON: Preset(Decoder.JETSON, ("nvv4l2decoder",), ("nvvidconv",), "nvvidconv ! ",
                            "a Jetson with JetPack's GStreamer plugins (nvv4l2decoder, nvvidconv)"),
     # vah264dec (gst-plugins-bad 1.22+) is the maintained one; vaapih264dec (gstreamer-vaapi) is
-    # the older plugin. Both hand system memory to videoconvert when it asks for it.
-    Decoder.VAAPI: Preset(Decoder.VAAPI, ("vah264dec", "vaapih264dec"), (), "",
+    # the older plugin. Both hand system memory (NV12 as a rule) to videoconvert when it asks for it.
+    Decoder.VAAPI: Preset(Decoder.VAAPI, ("vah264dec", "vaapih264dec"), (), "videoconvert ! ",
                           "an AMD or Intel GPU with VA-API drivers and GStreamer's va plugin "
                           "(gstreamer1.0-plugins-bad) or gstreamer1.0-vaapi; AMD also needs "
                           "LIBVA_DRIVER_NAME=radeonsi"),
-    # nvh264dec registers only where the NVIDIA driver's NVDEC library loads and a GPU answers.
-    Decoder.NVIDIA: Preset(Decoder.NVIDIA, ("nvh264dec",), (), "",
+    # nvh264dec registers only where the NVIDIA driver's NVDEC library loads and a GPU answers;
+    # it outputs NV12, in system memory when videoconvert asks for it.
+    Decoder.NVIDIA: Preset(Decoder.NVIDIA, ("nvh264dec",), (), "videoconvert ! ",
                            "an NVIDIA GPU with its driver and GStreamer's nvcodec plugin "
                            "(gstreamer1.0-plugins-bad)"),
 }
@@ -114,10 +121,12 @@ def gi_installed() -> bool:
 
 
 def sink_launch(live: bool) -> str:
-    """BGR frames into a bounded appsink. Live: the oldest frame is dropped when the reader is
-    behind, as a camera would. Files: never dropped; a full sink holds the decoder back."""
+    """I420 frames into a bounded appsink; Python converts them to BGR (BT.601, as OpenCV's
+    FFmpeg path does), which costs less CPU than videoconvert's BGR and gives the same pictures
+    as `decoder: opencv`. Live: the oldest frame is dropped when the reader is behind, as a
+    camera would. Files: never dropped; a full sink holds the decoder back."""
     drop = "true" if live else "false"
-    return (f"videoconvert ! video/x-raw,format=BGR ! appsink name={SINK_NAME} "
+    return (f"video/x-raw,format=I420 ! appsink name={SINK_NAME} "
             f"max-buffers={SINK_MAX_BUFFERS} drop={drop} sync=false")
 
 
@@ -133,7 +142,8 @@ def rtsp_launch(preset: Preset, element: str, open_timeout_s: float) -> str:
 def file_launch(preset: Preset, element: str) -> str:
     """Software: decodebin (any container and codec). Hardware: parsebin, then H.264 only."""
     if preset.decoder is Decoder.GSTREAMER:
-        return f"filesrc name={SOURCE_NAME} ! decodebin name={DECODEBIN_NAME} ! {sink_launch(live=False)}"
+        return (f"filesrc name={SOURCE_NAME} ! decodebin name={DECODEBIN_NAME} ! {preset.to_system_memory}"
+                f"{sink_launch(live=False)}")
     return (f"filesrc name={SOURCE_NAME} ! parsebin ! h264parse ! {element} ! {preset.to_system_memory}"
             f"{sink_launch(live=False)}")
 

@@ -21,6 +21,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from enum import Enum
 from types import SimpleNamespace
 from typing import Any
 
@@ -30,10 +31,12 @@ from ..config.schema import CameraConfig
 from ..redact import redact_text, redact_url
 from .capture import (Source, SourceError, SourceKind, UnsupportedSourceError, local_path, open_source,
                       plausible_fps, source_kind)
-from .gstlaunch import (AUTO_ORDER, CHAIN_NEEDS, DECODEBIN_NAME, GSTREAMER_HINT, HARDWARE_FILE_CHAIN, PRESETS,
-                        RTSP_CHAIN, SINK_MAX_BUFFERS, SINK_NAME, SOFTWARE_FILE_CHAIN, SOURCE_NAME, Decoder, Preset,
-                        display_launch, file_launch, gi_installed, register_launch_secrets, rtsp_launch, split_links)
+from .gstlaunch import (AUTO_ORDER, CHAIN_NEEDS, DECODEBIN_NAME, GSTREAMER_HINT, HARDWARE_FILE_CHAIN,
+                        PIPELINE_SINK_CAPS, PRESETS, RTSP_CHAIN, SINK_MAX_BUFFERS, SINK_NAME, SOFTWARE_FILE_CHAIN,
+                        SOURCE_NAME, Decoder, Preset, display_launch, file_launch, gi_installed,
+                        register_launch_secrets, rtsp_launch, split_links)
 from .imagesize import DEFAULT_LIMITS, ImageLimits
+from .yuv import BT601, Colorimetry, I420Converter, PlaneLayout, plane
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,14 @@ _AUTOPLUG_TRY = 0
 _AUTOPLUG_SKIP = 2
 #: the name= of an element in a launch string segment
 _NAME_IN_SEGMENT = re.compile(r"""\bname=("[^"]*"|'[^']*'|\S+)""")
+
+
+class PixelFormat(str, Enum):
+    """What an appsink may deliver: the presets' I420 (converted to BGR here), or BGR as it is."""
+
+    BGR = "BGR"
+    I420 = "I420"
+
 
 _gst_lock = threading.Lock()
 _gst: SimpleNamespace | None = None
@@ -219,7 +230,7 @@ def open_camera(config: CameraConfig, *, camera: str | None = None, reuse_frame:
 
 
 class GStreamerSource(Source):
-    """A GStreamer pipeline whose appsink delivers BGR frames.
+    """A GStreamer pipeline whose appsink delivers I420 (converted to BGR, `yuv.py`) or BGR frames.
 
     Opening builds the pipeline, starts it and waits up to `open_timeout_s` for the first frame
     (held for the first read). EOS is the end of a file (`eof`; with `loop` the pipeline starts
@@ -240,7 +251,8 @@ class GStreamerSource(Source):
         self._broken: str | None = None  # the bus error that stopped the pipeline; it stays stopped
         self._frames_this_pass = 0
         self._caps: Any = None
-        self._layout: tuple[int, int, int, int] | None = None  # width, height, stride, offset
+        self._layout: tuple[PixelFormat, PlaneLayout, Colorimetry] | None = None  # of the frames with _caps
+        self._converter = I420Converter()
         self._pending: Any = None  # the first sample, pulled while opening
         self._g = gst()
         if spec.user_pipeline:
@@ -292,14 +304,14 @@ class GStreamerSource(Source):
         return pipeline
 
     def _configure_sink(self, sink: Any) -> None:
-        """Bounded, unsynchronised (the reader paces), BGR. A `pipeline:` may set its own bound
-        and caps; an unbounded sink (max-buffers=0, appsink's default) gets ours."""
+        """Bounded, unsynchronised (the reader paces), I420 or BGR. A `pipeline:` may set its own
+        bound and caps; an unbounded sink (max-buffers=0, appsink's default) gets ours."""
         sink.set_property("sync", False)
         sink.set_property("emit-signals", False)
         if sink.get_property("max-buffers") == 0:
             sink.set_property("max-buffers", SINK_MAX_BUFFERS)
         if sink.get_property("caps") is None:
-            sink.set_property("caps", self._g.Gst.Caps.from_string("video/x-raw,format=BGR"))
+            sink.set_property("caps", self._g.Gst.Caps.from_string(PIPELINE_SINK_CAPS))
 
     def _start(self, open_timeout_s: float) -> None:
         Gst = self._g.Gst
@@ -391,24 +403,25 @@ class GStreamerSource(Source):
         return sample
 
     def _image(self, sample: Any) -> np.ndarray | None:
-        """The sample's BGR picture as an array of our own (the buffer goes back to GStreamer)."""
-        layout = self._frame_layout(sample.get_caps(), sample.get_buffer())
-        if layout is None:
-            return None
-        width, height, stride, offset = layout
+        """The sample's picture as a BGR array of our own (the buffer goes back to GStreamer):
+        into the previous frame's array when `reuse_frame` is set and the size is unchanged."""
         buf = sample.get_buffer()
+        found = self._frame_layout(sample.get_caps(), buf)
+        if found is None:
+            return None
+        pixel_format, layout, colorimetry = found
         ok, info = buf.map(self._g.Gst.MapFlags.READ)
         if not ok:
             self.error = f"{self.description}: cannot read a frame's memory"
             return None
+        reuse = self._frame if self.reuse_frame else None
         try:
-            view = np.ndarray((height, width, 3), np.uint8, info.data, offset, (stride, 3, 1))
-            if self.reuse_frame and self._frame is not None and self._frame.shape == view.shape:
-                np.copyto(self._frame, view)
-                return self._frame
-            image = view.copy()
+            if pixel_format is PixelFormat.I420:
+                image = self._converter.to_bgr(info.data, layout, colorimetry, reuse)
+            else:
+                image = _bgr_copy(info.data, layout, reuse)
         except TypeError:  # numpy: the buffer is smaller than the caps say
-            self.error = f"{self.description}: a frame is smaller than its {width}x{height} caps"
+            self.error = f"{self.description}: a frame is smaller than its {layout.width}x{layout.height} caps"
             return None
         finally:
             buf.unmap(info)
@@ -416,24 +429,31 @@ class GStreamerSource(Source):
             self._frame = image
         return image
 
-    def _frame_layout(self, caps: Any, buf: Any) -> tuple[int, int, int, int] | None:
-        """(width, height, row stride, offset); the caps are read once until they change."""
+    def _frame_layout(self, caps: Any, buf: Any) -> tuple[PixelFormat, PlaneLayout, Colorimetry] | None:
+        """The frame's format, plane layout and colorimetry; the caps are read once until they change."""
         GstVideo = self._g.GstVideo
         if self._caps is None or not caps.is_equal(self._caps):
             self._caps, self._layout = caps, None
             info = GstVideo.VideoInfo.new_from_caps(caps)
-            if info is None or info.finfo.format != GstVideo.VideoFormat.BGR:
+            pixel_format = _pixel_format(GstVideo, info)
+            if pixel_format is None:
                 shown = redact_text(caps.to_string()) if caps is not None else "no caps"
-                self.error = (f"{self.description}: the appsink must receive video/x-raw,format=BGR, not {shown}; "
-                              f"end the pipeline with videoconvert ! video/x-raw,format=BGR ! appsink")
+                self.error = (f"{self.description}: the appsink must receive video/x-raw,format=BGR (or I420), "
+                              f"not {shown}; end the pipeline with videoconvert ! video/x-raw,format=BGR ! appsink")
                 return None
-            self._layout = (info.width, info.height, info.stride[0], info.offset[0])
+            planes = range(info.finfo.n_planes)
+            self._layout = (pixel_format, PlaneLayout(info.width, info.height, tuple(info.offset[p] for p in planes),
+                                                      tuple(info.stride[p] for p in planes)),
+                            _colorimetry(GstVideo, caps, info))
         if self._layout is None:
             return None
+        pixel_format, layout, colorimetry = self._layout
         meta = GstVideo.buffer_get_video_meta(buf)
-        if meta is not None:  # the producer's own row layout (padding) overrides the default one
-            return self._layout[0], self._layout[1], meta.stride[0], meta.offset[0]
-        return self._layout
+        if meta is not None:  # the producer's own plane layout (padding) overrides the default one
+            planes = range(len(layout.offsets))
+            layout = PlaneLayout(layout.width, layout.height, tuple(meta.offset[p] for p in planes),
+                                 tuple(meta.stride[p] for p in planes))
+        return pixel_format, layout, colorimetry
 
     def _bus_error(self) -> str | None:
         """The first ERROR on the bus as a message safe to log, or None. Other messages are
@@ -456,6 +476,37 @@ class GStreamerSource(Source):
         self._pending = None
         if pipeline is not None:
             pipeline.set_state(self._g.Gst.State.NULL)
+
+
+def _pixel_format(GstVideo: Any, info: Any) -> PixelFormat | None:
+    """The appsink's format when it is one we take, else None."""
+    if info is None:
+        return None
+    return {GstVideo.VideoFormat.BGR: PixelFormat.BGR, GstVideo.VideoFormat.I420: PixelFormat.I420}.get(
+        info.finfo.format)
+
+
+def _colorimetry(GstVideo: Any, caps: Any, info: Any) -> Colorimetry:
+    """The YUV-to-RGB conversion FFmpeg (and so `decoder: opencv`) applies to the stream: the
+    matrix and range its caps state; BT.601 limited range where they state none (GstVideo would
+    guess BT.709 for HD there, FFmpeg does not)."""
+    if not caps.get_structure(0).has_field("colorimetry"):
+        return BT601
+    known, kr, kb = GstVideo.video_color_matrix_get_Kr_Kb(info.colorimetry.matrix)
+    full_range = info.colorimetry.range == getattr(GstVideo.VideoColorRange, "0_255")  # not a Python name
+    if not known:  # unknown, or RGB (no YUV matrix): FFmpeg's default
+        kr, kb = BT601.kr, BT601.kb
+    return Colorimetry(kr, kb, full_range)
+
+
+def _bgr_copy(data: Any, layout: PlaneLayout, out: np.ndarray | None) -> np.ndarray:
+    """A BGR picture copied out of its buffer (rows may be padded): into `out` when it fits."""
+    rows = plane(data, layout.offsets[0], layout.strides[0], layout.height, layout.width * 3)
+    view = rows.reshape(layout.height, layout.width, 3)
+    if out is not None and out.shape == view.shape:
+        np.copyto(out, view)
+        return out
+    return view.copy()
 
 
 def _frame_rate(caps: Any) -> float | None:
