@@ -29,22 +29,28 @@ from enum import Enum
 from typing import Callable, Mapping
 
 from . import __version__
+from .backends.ort_install import config_clash
 from .config.errors import ConfigError, ConfigIssue
 from .config.loader import load_config
 from .config.schema import CameraConfig, Config, MqttConfig
 from .control.instance import AlreadyRunning, ControlServerError, InstanceLock
 from .control.server import ControlServer, unexpected_fields
+from .control.watch import WatchHub
 from .health.logsetup import redact_text
 from .health.notify import SystemdNotifier, watchdog_interval_s
 from .health.progress import Problem, ProgressTracker
 from .pipeline.cameras import CameraRuntime, is_lossless, queue_size_for
 from .pipeline.groups import AcceleratorGroup
 from .pipeline.results import ResultPublisher
+from .pipeline.snapshots import SnapshotStore, snapshot_reply
 from .pipeline.worker import WorkerState
+from .publish.homeassistant import Discovery
 from .publish.mqtt import MqttPublisher
 from .sources.reader import CameraReader
 from .sources.state import CameraState
 from .timeutil import utc_timestamp
+from .web.endpoint import HttpEndpoint, listen_text
+from .web.metrics import Meters
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +102,12 @@ class Daemon:
         self.groups: dict[str, AcceleratorGroup] = {}
         self.cameras: dict[str, CameraRuntime] = {}
         self.publisher: MqttPublisher | None = None
+        #: Home Assistant entities announced; outlives a publisher replaced by a reload.
+        self.discovery = Discovery(config.device_id, __version__, os.path.basename(config.model.path))
         self.control: ControlServer | None = None
+        self.snapshots = SnapshotStore()  # each camera's latest processed frame (ctl snapshot, HTTP)
+        # /metrics, /api/status, /api/cameras/<name>/latest.jpg (web.endpoint)
+        self.http = HttpEndpoint(self.status, self._meters, self.snapshots)
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._reload_done = threading.Condition()  # guards the two counters below
@@ -106,7 +117,9 @@ class Daemon:
         self.instance = InstanceLock(config.control.socket)
         self._signals = 0
         self._lock = threading.RLock()  # guards cameras/publisher against the control thread
-        self.results = ResultPublisher(self.cameras, lambda: self.publisher, config.model.path)
+        self.watchers = WatchHub()  # `yoloedge-ctl watch` subscriptions
+        self.results = ResultPublisher(self.cameras, lambda: self.publisher, config.model.path,
+                                       snapshots=self.snapshots, watch=self.watchers.publish)
 
     # -- public entry ------------------------------------------------------------------------
     def run(self) -> int:
@@ -162,6 +175,7 @@ class Daemon:
         cfg = self.config
         log.info("yoloedge %s starting: config %s, device_id %s", __version__, self.config_path, cfg.device_id)
         self.notifier.status("starting: loading models")
+        self._start_http()
         publisher = self._start_publisher(cfg)
         if not self._start_accelerators(cfg):
             return EXIT_FAILURE
@@ -185,7 +199,8 @@ class Daemon:
         path = self.config.control.socket
         try:
             self.control = ControlServer(path, self.config.control.mode, self._handle_control,
-                                         instance=self.instance, slow=frozenset({"reload"}))
+                                         instance=self.instance, slow=frozenset({"reload"}),
+                                         streams={"watch": self.watchers.opener(self.snapshots.known)})
             self.control.start()
         except AlreadyRunning:
             self.control = None
@@ -194,8 +209,22 @@ class Daemon:
             log.error("control socket %s unavailable (%s); yoloedge-ctl will not reach this daemon", path, exc)
             self.control = None
 
+    def _start_http(self) -> None:
+        """Like the control socket, an address that cannot be bound costs only the endpoint."""
+        try:
+            self.http.start(self.config.http)
+        except OSError as exc:
+            log.error("HTTP endpoint: cannot listen on %s (%s); /metrics and /api/status are unavailable",
+                      listen_text(self.config.http), exc.strerror or exc)
+
+    def _meters(self) -> Meters:
+        with self._lock:
+            cameras = list(self.cameras.values())
+        return Meters(cameras, [(g.name, w) for g in self.groups.values() for w in g.workers])
+
     def _start_publisher(self, cfg: Config) -> MqttPublisher:
-        self.publisher = publisher = MqttPublisher(cfg.mqtt, cfg.device_id, __version__)
+        self.publisher = publisher = MqttPublisher(cfg.mqtt, cfg.device_id, __version__,
+                                                   discovery=self.discovery)
         publisher.start()
         return publisher
 
@@ -231,11 +260,14 @@ class Daemon:
         if camera.enabled and failed is None:
             intake = group.add_camera(camera.name, queue_size_for(camera, group.config.batch), is_lossless(camera))
             queue = intake.queue
-            reader = CameraReader(camera, intake, self.config.health.stall_timeout_s, self.results.camera_state,
-                                  reuse_frames=True)
+            reader = CameraReader(camera, self.snapshots.tap(camera.name, intake),
+                                  self.config.health.stall_timeout_s, self.results.camera_state, reuse_frames=True)
         runtime = CameraRuntime(camera, group.name, queue, reader, failed=failed if camera.enabled else None)
+        self.snapshots.add(camera.name)
         with self._lock:
             self.cameras[camera.name] = runtime
+        if self.publisher is not None:  # before its first state: Home Assistant discovery
+            self.publisher.announce_camera(camera.name, camera.classes)
         if reader is None:
             self.results.camera_state(camera.name, runtime.state, failed or "enabled: false")
         runtime.start()
@@ -258,6 +290,7 @@ class Daemon:
             runtime = self.cameras.pop(name, None)
         if runtime is None:
             return
+        self.snapshots.forget(name)
         runtime.stop()
         if not runtime.join(self.config.shutdown_timeout_s):
             log.warning("camera %s reader did not stop in time", name, extra={"camera": name})
@@ -353,6 +386,19 @@ class Daemon:
                                            f"running; accelerators change only on restart", None)])
 
     def _apply(self, new: Config) -> None:
+        """The HTTP endpoint first (a new address that cannot be bound rejects the reload before
+        anything else changed), then the rest; the endpoint goes back when the rest fails."""
+        old = self.config.http
+        if new.http != old:
+            self.http.apply(new.http)
+        try:
+            self._apply_settings(new)
+        except Exception:
+            if new.http != old:
+                self.http.apply(old)
+            raise
+
+    def _apply_settings(self, new: Config) -> None:
         """Publisher first, then cameras; when either fails, both go back to the running config
         and the failure is raised for `_do_reload` to report."""
         old = self.config
@@ -447,7 +493,7 @@ class Daemon:
         """A started client that said "online"; one that fails half-way is stopped before the
         error is raised, so its spool lock and threads do not outlive it (the fallback client
         needs that spool directory)."""
-        publisher = MqttPublisher(settings, self.config.device_id, __version__)
+        publisher = MqttPublisher(settings, self.config.device_id, __version__, discovery=self.discovery)
         try:
             publisher.start()
             publisher.set_status("online")
@@ -460,8 +506,10 @@ class Daemon:
     def _handle_control(self, request: dict) -> dict:
         """Neither command takes a field besides "cmd": any other is refused, not ignored."""
         cmd = request.get("cmd")
+        if cmd == "snapshot":  # takes "camera"; `watch` is a stream (see `_start_control`)
+            return unexpected_fields(request, takes=("camera",)) or snapshot_reply(self.snapshots, request)
         if cmd not in ("status", "reload"):
-            return {"ok": False, "error": f"unknown command {cmd!r} (status, reload)"}
+            return {"ok": False, "error": f"unknown command {cmd!r} (status, reload, snapshot, watch)"}
         refused = unexpected_fields(request)
         if refused is not None:
             return refused
@@ -513,6 +561,7 @@ class Daemon:
             "accelerators": accelerators,
             "cameras": cameras,
             "mqtt": mqtt,
+            "watchers": self.watchers.stats(),  # `yoloedge-ctl watch` clients: queued, dropped
         }
 
     def _problems(self) -> list[Problem]:
@@ -521,9 +570,11 @@ class Daemon:
             for w in group.workers:
                 if w.state is WorkerState.FAILED:
                     problems.append(Problem(w.worker_name, f"failed to start: {w.startup_error}"))
+        now = time.monotonic()
         with self._lock:
             for cam in self.cameras.values():
-                if cam.config.enabled and cam.state in UNHEALTHY_CAMERA_STATES:
+                if (cam.config.enabled and cam.state in UNHEALTHY_CAMERA_STATES
+                        and not cam.first_connection(now)):
                     problems.append(Problem(f"camera {cam.name}", str(cam.state)))
         mqtt = self.publisher.stats() if self.publisher is not None else None
         if mqtt is not None and not mqtt.get("connected"):
@@ -541,7 +592,8 @@ class Daemon:
     def _stats_message(self) -> dict:
         status = self.status()
         return {"v": 1, "ts": utc_timestamp(), "uptime_s": status["daemon"]["uptime_s"],
-                "healthy": status["daemon"]["healthy"], "accelerators": status["accelerators"],
+                "healthy": status["daemon"]["healthy"], "problems": status["daemon"]["problems"],
+                "accelerators": status["accelerators"],
                 "cameras": status["cameras"], "mqtt": status["mqtt"]}
 
     # -- shutdown ----------------------------------------------------------------------------
@@ -569,6 +621,7 @@ class Daemon:
             group.stop_post(max(0.5, deadline - time.monotonic()))
         if self.publisher is not None:
             self.publisher.stop(timeout_s=max(1.0, deadline - time.monotonic()), final_status="stopped")
+        self.http.stop()
         if self.control is not None:
             self.control.stop()
         self.state = DaemonState.STOPPED
@@ -600,6 +653,9 @@ def run_daemon(config_path: str, environ: Mapping[str, str]) -> int:
         print(f"yoloedge: configuration error, not starting:\n{exc}", flush=True, file=sys.stderr)
         return 78
     setup_logging(config.logging, environ)
+    ort_clash = config_clash(a.backend for a in config.accelerators)
+    if ort_clash is not None:  # pip install .[gpu] next to the CPU build: see backends.ort_install
+        log.warning("ONNX Runtime: %s", ort_clash)
     # FFmpeg and OpenCV write to fd 2 themselves, past logging's redaction: see health.stderr_guard.
     guard = StderrGuard()
     guard.install()

@@ -8,6 +8,7 @@ injectable clock, and allocate nothing per event: status may be asked for at any
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -87,3 +88,28 @@ class LatencyWindow:
                 return self._values[:n]
             start = self._count % len(self._values)
             return self._values[start:] + self._values[:start]
+
+
+class BucketCounts:
+    """Cumulative-ready counts over fixed upper bounds, and their sum: what a Prometheus
+    histogram needs, which percentile windows cannot give (they forget). `add()` is a bisect
+    and two increments under a lock; the exporter reads a snapshot at scrape time."""
+
+    def __init__(self, bounds: tuple[float, ...]):
+        if not bounds or list(bounds) != sorted(set(bounds)):
+            raise ValueError("bounds must be increasing and not empty")
+        self.bounds = bounds
+        self._counts = [0] * (len(bounds) + 1)  # the last one: above every bound (+Inf)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, value: float) -> None:
+        index = bisect.bisect_left(self.bounds, value)  # the first bound >= value (Prometheus `le`)
+        with self._lock:
+            self._counts[index] += 1
+            self._sum += value
+
+    def snapshot(self) -> tuple[list[int], float]:
+        """Counts per bucket (not cumulative; the last is above every bound) and the sum."""
+        with self._lock:
+            return list(self._counts), self._sum

@@ -17,12 +17,14 @@ Decisions (see the README, Configuration):
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import re
 import stat
 from typing import Any, Mapping
 
+from ..control.location import daemon_socket
 from ..files import FileProblem, file_type, read_bounded
 from ..model.labels import MAX_CLASSES, MAX_LABELS_BYTES
 from ..postprocess.layouts import FORMATS
@@ -33,8 +35,9 @@ from .errors import ConfigError, ConfigIssue, IssueLog
 from .fields import (INVALID, MAX_NAME_BYTES, MAX_TEXT_BYTES, Boolean, Choice, Context, FilePath, Integer, Number,
                      Text, is_number, is_whole, mapping_or_report, range_order_ok, read_fields, read_string_list,
                      sequence_or_report, show, topic_safe)
+from .http import read_http
 from .model import ModelConfig
-from .schema import Config, ControlConfig, HealthConfig, LoggingConfig, MqttConfig, TlsConfig
+from .schema import Config, ControlConfig, HealthConfig, HomeAssistantConfig, LoggingConfig, MqttConfig, TlsConfig
 from .tls import TlsMaterialError, client_context
 from .yamltree import Item, parse_tree
 
@@ -68,7 +71,19 @@ def load_config(path: str, environ: Mapping[str, str]) -> Config:
     log.raise_if_any()
     if config is None:  # every problem that prevents a Config is reported above
         raise ConfigError([ConfigIssue(path, None, None, "", None, "no usable configuration")])
-    return config
+    return with_default_socket(config, root, environ)
+
+
+def with_default_socket(config: Config, root: Item | None, environ: Mapping[str, str]) -> Config:
+    """`config` with the socket `control.location.daemon_socket` picks where the file does not set
+    `control.socket`: a normal user's daemon cannot create the system one."""
+    control = root.value.get("control") if root is not None and isinstance(root.value, dict) else None
+    if control is not None and isinstance(control.value, dict) and "socket" in control.value:
+        return config
+    socket_path = daemon_socket(environ)
+    if socket_path == config.control.socket:
+        return config
+    return dataclasses.replace(config, control=dataclasses.replace(config.control, socket=socket_path))
 
 
 def _read_text(path: str) -> str:
@@ -116,6 +131,7 @@ def build_config(ctx: Context, root: Item | None, source: str) -> Config | None:
         "health": read_health,
         "control": read_control,
         "logging": read_logging,
+        "http": read_http,
         "shutdown_timeout_s": Number(gt=0, le=MAX_WAIT_S, example=10),
     }, required=TOP_REQUIRED)
     if values is None:
@@ -271,6 +287,7 @@ def read_mqtt(ctx: Context, item: Item) -> Any:
         "stats_interval_s": Number(gt=0, le=MAX_WAIT_S, example=10),
         "reconnect_min_s": Number(gt=0, le=MAX_WAIT_S, example=1),
         "reconnect_max_s": Number(gt=0, le=MAX_WAIT_S, example=30),
+        "homeassistant": read_homeassistant,
     })
     if values is None:
         return INVALID
@@ -280,6 +297,20 @@ def read_mqtt(ctx: Context, item: Item) -> Any:
     if not range_order_ok(ctx, item.value, "reconnect_min_s", "reconnect_max_s", values):
         return INVALID
     return MqttConfig(**values)
+
+
+def read_homeassistant(ctx: Context, item: Item) -> Any:
+    """`true`: Home Assistant discovery under HA's default prefix; a mapping names the prefix;
+    `false` or null: off."""
+    if item.value is None or item.value is False:
+        return None
+    if item.value is True:
+        return HomeAssistantConfig()
+    if not item.is_mapping:
+        return ctx.bad_value(item, "must be true, false or a mapping with discovery_prefix",
+                             "e.g. homeassistant: true, or homeassistant: {discovery_prefix: homeassistant}")
+    values = read_fields(ctx, item, {"discovery_prefix": read_topic_prefix})
+    return INVALID if values is None else HomeAssistantConfig(**values)
 
 
 #: a host name (RFC 1123 labels; '_' too, as some internal DNS zones have it), which an IPv4

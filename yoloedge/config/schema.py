@@ -85,6 +85,13 @@ class TlsConfig:
 
 
 @dataclass(frozen=True)
+class HomeAssistantConfig:
+    """Home Assistant MQTT discovery (publish/homeassistant.py); off unless configured."""
+
+    discovery_prefix: str = "homeassistant"  # HA's own default
+
+
+@dataclass(frozen=True)
 class MqttConfig:
     host: str = "localhost"
     port: int = 1883
@@ -107,6 +114,8 @@ class MqttConfig:
     stats_interval_s: float = 10.0
     reconnect_min_s: float = 1.0
     reconnect_max_s: float = 30.0
+    #: Home Assistant discovery; None (the default): no discovery messages.
+    homeassistant: HomeAssistantConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,17 @@ class HealthConfig:
 class ControlConfig:
     socket: str = "/run/yoloedge/control.sock"
     mode: int = 0o660
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """The HTTP endpoint (`/metrics`, `/api/status`); see `web.server`."""
+
+    #: (host, port) to listen on; None: no HTTP endpoint. Loopback unless `allow_remote`.
+    listen: tuple[str, int] | None = ("127.0.0.1", 8480)
+    allow_remote: bool = False  # a non-loopback `listen` must be asked for by name
+    username: str | None = None  # basic auth (remote listeners only); both or neither
+    password: str | None = field(default=None, repr=False)  # never in a repr or a log line
 
 
 @dataclass(frozen=True)
@@ -141,6 +161,7 @@ class Config:
     health: HealthConfig = field(default_factory=HealthConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
     shutdown_timeout_s: float = 10.0
     #: the file this was loaded from (for status and reload)
     source: str = ""

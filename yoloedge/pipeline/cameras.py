@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 from ..config.schema import CameraConfig
-from ..metrics import LatencyWindow, RateMeter
+from ..metrics import BucketCounts, LatencyWindow, RateMeter
 from ..sources.reader import CameraReader
 from ..sources.state import CameraState
 from .queues import FrameQueue
@@ -12,6 +15,8 @@ from .slots import SlotMeta
 #: A file processed losslessly keeps this many frames per batch slot ready, so a batch can fill.
 LOSSLESS_DEPTH_PER_BATCH = 2
 STAGES = ("queue", "batch", "inference", "publish")
+#: capture -> published bounds (s) of the `yoloedge_frame_latency_seconds` histogram.
+LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 
 
 def is_lossless(config: CameraConfig) -> bool:
@@ -40,14 +45,27 @@ class CameraRuntime:
         self.published_frames = 0
         self.publish_failures = 0
         self.filtered_out = 0  # frames whose detections were all filtered away (publish_empty: false)
+        self.started_mono: float | None = None  # when start() began the first connection
+        #: for /metrics (web.metrics): cumulative, where the windows above forget
+        self.latency_buckets = BucketCounts(LATENCY_BUCKETS_S)
+        self._detections: dict[str, int] = {}  # label -> detections published
+        self._detections_lock = threading.Lock()  # a scrape copies the dict while frames add labels
 
     @property
     def name(self) -> str:
         return self.config.name
 
-    def start(self) -> None:
+    def start(self, now: float | None = None) -> None:
         if self.reader is not None:
+            self.started_mono = time.monotonic() if now is None else now
             self.reader.start()
+
+    def first_connection(self, now: float) -> bool:
+        """Still connecting for the first time, within the camera's open_timeout_s: not yet a
+        problem. Without this grace every start-up (and every camera added by a reload) reported
+        the daemon unhealthy, with no other reason, until the first frame arrived."""
+        return (self.state is CameraState.CONNECTING and self.started_mono is not None
+                and now - self.started_mono < self.config.open_timeout_s)
 
     def stop(self) -> None:
         if self.reader is not None:
@@ -63,11 +81,24 @@ class CameraRuntime:
         self.published_frames += 1
         self.published.mark()
         self.latency_ms.add((published - meta.capture_mono) * 1000)
+        self.latency_buckets.add(published - meta.capture_mono)
         stages = self.stage_ms
         stages["queue"].add((meta.taken_mono - meta.capture_mono) * 1000)
         stages["batch"].add((started - meta.taken_mono) * 1000)
         stages["inference"].add((inferred - started) * 1000)
         stages["publish"].add((published - inferred) * 1000)
+
+    def count_detections(self, detections: list[dict]) -> None:
+        """The published message's detections, per label (its own labels, so /metrics and MQTT
+        agree by construction)."""
+        with self._detections_lock:
+            for det in detections:
+                label = det["label"]
+                self._detections[label] = self._detections.get(label, 0) + 1
+
+    def detections_by_label(self) -> dict[str, int]:
+        with self._detections_lock:
+            return dict(self._detections)
 
     def open_captures(self) -> int:
         """Capture threads still inside OpenCV (a frozen camera's read ends at its timeout)."""

@@ -21,17 +21,21 @@ from ..publish.mqtt import MqttPublisher
 from ..sources.state import CameraState
 from .cameras import CameraRuntime
 from .slots import OutputSet, SlotMeta
+from .snapshots import SnapshotStore
 
 
 class ResultPublisher:
     def __init__(self, cameras: Mapping[str, CameraRuntime], publisher: Callable[[], MqttPublisher | None],
                  model_path: str, clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time):
+                 wall_clock: Callable[[], float] = time.time, snapshots: SnapshotStore | None = None,
+                 watch: Callable[[str, dict], None] | None = None):
         self._cameras = cameras
         self._publisher = publisher  # the current one: a reload may replace it
         self._model = Path(model_path).name
         self._clock = clock
         self._wall_clock = wall_clock
+        self._snapshots = snapshots  # keeps each camera's latest frame with what was published for it
+        self._watch = watch  # `yoloedge-ctl watch`: every detection message that went out
 
     def __call__(self, meta: SlotMeta, dets: Detections, output_set: OutputSet) -> None:
         runtime = self._cameras.get(meta.camera)
@@ -41,6 +45,8 @@ class ResultPublisher:
         camera = runtime.config
         labels = output_set.worker.loaded.labels
         dets = filter_detections(dets, labels, runtime.classes, camera.min_score)
+        if self._snapshots is not None:
+            self._snapshots.published(meta.camera, meta.seq, meta.capture_mono, meta.capture_time, dets, labels)
         if not len(dets) and not camera.publish_empty:
             runtime.filtered_out += 1
             return
@@ -49,6 +55,9 @@ class ResultPublisher:
                                     (now - meta.capture_mono) * 1000)
         if publisher.publish_detections(meta.camera, message):
             runtime.record_published(meta, output_set.started_mono, output_set.inferred_mono, now)
+            runtime.count_detections(message["detections"])
+            if self._watch is not None:
+                self._watch(meta.camera, message)
         else:
             runtime.publish_failures += 1
 

@@ -64,7 +64,7 @@ from ..config.model import ModelConfig
 from ..config.schema import AcceleratorConfig
 from ..detector import Detector
 from ..health.progress import ProgressTracker
-from ..metrics import LatencyWindow, RateMeter
+from ..metrics import BucketCounts, LatencyWindow, RateMeter
 from ..model import identity
 from .batcher import Batcher
 from .post import PostStage
@@ -79,6 +79,8 @@ OPEN_DEADLINE_FACTOR = 3.0
 OPEN_DEADLINE_MIN_S = 60.0
 #: how long a leaving device waits (real time) for post-processing to hand back its output sets
 OUTPUT_WAIT_S = 10.0
+#: device call bounds (s) of the `yoloedge_inference_seconds` histogram (web.metrics).
+INFERENCE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 
 
 class WorkerState(str, Enum):
@@ -201,6 +203,9 @@ class DeviceWorker:
         self.busy = RateMeter(clock=clock)
         self.infer_ms = LatencyWindow()
         self.batch_sizes = LatencyWindow()
+        #: for /metrics: cumulative, where the windows above forget
+        self.infer_buckets = BucketCounts(INFERENCE_BUCKETS_S)
+        self.batch_buckets = BucketCounts(batch_bounds(accelerator.batch))
         self.errors = 0
         self.consecutive_errors = 0
         self.frames_lost = 0
@@ -637,6 +642,8 @@ class DeviceWorker:
         self.busy.mark(seconds)
         self.infer_ms.add(seconds * 1000)
         self.batch_sizes.add(n)
+        self.infer_buckets.add(seconds)
+        self.batch_buckets.add(n)
         self.inferences.mark()
         self.frames_done.mark(n)
 
@@ -708,6 +715,11 @@ class DeviceWorker:
             "error": self.startup_error,
             "telemetry": detector.backend.telemetry() if detector else None,
         }
+
+
+def batch_bounds(batch: int) -> tuple[float, ...]:
+    """1, 2, 4... up to the configured batch, which is a bound itself: a full batch is its own bucket."""
+    return tuple(sorted({float(2 ** i) for i in range(batch.bit_length()) if 2 ** i < batch} | {float(batch)}))
 
 
 def output_sets_for(accelerator: AcceleratorConfig) -> int:

@@ -1,0 +1,76 @@
+"""The `http:` section: where the daemon's HTTP endpoint listens, and who may use it.
+
+`http: null` (or `listen: null`) turns the endpoint off; an absent section listens on
+127.0.0.1:8480. Only loopback is accepted unless `allow_remote: true` says otherwise by name: the
+endpoint shows camera names, states and the network layout, and an address typed by habit
+(`0.0.0.0`) must not publish that to the whole network. Hosts are IP addresses (or `localhost`):
+the loader never resolves names, and whether a listener is loopback must be known here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+from .fields import INVALID, Boolean, Context, Text, read_fields
+from .schema import HttpConfig
+from .yamltree import Item
+
+LISTEN_EXAMPLE = "e.g. listen: 127.0.0.1:8480, '[::1]:8480', or null to turn the endpoint off"
+_LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]+)):(?P<port>[0-9]{1,5})")
+
+
+def read_http(ctx: Context, item: Item) -> Any:
+    if item.value is None:
+        return HttpConfig(listen=None)
+    values = read_fields(ctx, item, {
+        "listen": read_listen,
+        "allow_remote": Boolean(),
+        "username": Text(optional=True),
+        "password": Text(optional=True, secret=True),
+    })
+    if values is None:
+        return INVALID
+    entries = item.value
+    if values.get("password") is not None and values.get("username") is None:
+        return ctx.problem(entries["password"], "a password needs a username", "add http.username")
+    if values.get("username") is not None and values.get("password") is None and "password" not in entries:
+        return ctx.problem(entries["username"], "a username needs a password",
+                           "add http.password, e.g. password: ${YOLOEDGE_HTTP_PASSWORD}")
+    listen = values.get("listen", HttpConfig.listen)
+    if listen is not None and not is_loopback(listen[0]) and not values.get("allow_remote", False):
+        return ctx.problem(entries.get("listen", item), f"{listen[0]} is not a loopback address: the endpoint would "
+                                                        f"be reachable from the network",
+                           "add http.allow_remote: true (and http.username/password), or listen on 127.0.0.1")
+    return HttpConfig(**values)
+
+
+def read_listen(ctx: Context, item: Item) -> Any:
+    """HOST:PORT, IPv6 in brackets; the address as a socket takes it (no brackets)."""
+    value = item.value
+    if value is None:
+        return None
+    match = _LISTEN.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        return ctx.bad_value(item, "must be HOST:PORT or null", LISTEN_EXAMPLE)
+    host = match.group("v6") or match.group("host")
+    if host != "localhost" and not _is_address(host, v6=bool(match.group("v6"))):
+        return ctx.bad_value(item, "must have an IP address (or localhost) as its host; names are not resolved",
+                             LISTEN_EXAMPLE)
+    port = int(match.group("port"))
+    if not 1 <= port <= 65535:
+        return ctx.bad_value(item, "must have a port from 1 to 65535", LISTEN_EXAMPLE)
+    return (host, port)
+
+
+def _is_address(host: str, v6: bool) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.version == (6 if v6 else 4)  # an IPv6 address needs its brackets
+
+
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or ipaddress.ip_address(host).is_loopback

@@ -1,0 +1,220 @@
+"""Each camera's latest processed frame, kept for `yoloedge-ctl snapshot` and the status page.
+
+The frame a camera decodes is reused for the next read, and by the time its detections are
+published only the letterboxed model input is left (in a batch slot already refilled). So the
+frame is copied on the reader's way in (`tap`), before the pipeline takes it, into a buffer the
+camera owns, at most `copies_per_s` times a second: the cost is bounded whatever the camera's
+rate. When post-processing publishes that same frame (same sequence number and capture time)
+its buffer becomes the camera's snapshot, together with the detections that went out on MQTT,
+by swapping two buffers: nothing is allocated per frame, only when a camera's frame size
+changes. Frames without a copy pass the store by with one integer comparison, no lock.
+
+A JPEG is made only when one is asked for: the snapshot is copied under the camera's lock,
+annotated (boxes, labels, one colour per class) and encoded on the asking thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Sequence
+
+import cv2
+import numpy as np
+
+from ..control.protocol import quoted_name
+from ..postprocess import Detections
+from ..sources.frame import Frame, FrameSink
+from ..timeutil import utc_timestamp
+
+#: copies of a camera's frame per second at most: each 1080p copy costs about a millisecond.
+DEFAULT_COPIES_PER_S = 2.0
+JPEG_QUALITY = 85
+#: a snapshot JPEG larger than this is not sent over the control socket (8K frames are ~5 MB).
+MAX_JPEG_BYTES = 12 * 1024 * 1024
+
+#: BGR colours, one per class id (modulo its length): the same class keeps its colour across
+#: frames, cameras and restarts.
+PALETTE = ((56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207),
+           (10, 249, 72), (23, 204, 146), (134, 219, 61), (52, 147, 26), (187, 212, 0),
+           (168, 153, 44), (255, 194, 0), (147, 69, 52), (255, 115, 100), (236, 24, 0),
+           (255, 56, 132), (133, 0, 82), (255, 56, 203), (200, 149, 255), (199, 55, 255))
+
+
+class SnapshotMiss(str, Enum):
+    """Why there is no snapshot to give."""
+    UNKNOWN_CAMERA = "unknown_camera"
+    NO_FRAME_YET = "no_frame_yet"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One annotated, encoded frame and what was published for it."""
+    camera: str
+    seq: int
+    capture_time: float  # wall clock, as the MQTT message's `ts`
+    width: int
+    height: int
+    detections: list[dict]  # as in the MQTT message
+    jpeg: bytes
+
+
+class _CameraCopy:
+    """Two buffers per camera: `staging` takes the copies, `shown` is the snapshot."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.lock = threading.Lock()
+        self.next_copy_mono = float("-inf")  # reader thread only
+        self.staging: np.ndarray | None = None
+        self.staging_key: tuple[int, float] = (-1, 0.0)  # (seq, capture_mono) of the copy in it
+        self.shown: np.ndarray | None = None
+        self.seq = -1
+        self.capture_time = 0.0
+        self.detections: Detections | None = None
+        self.labels: Sequence[str] = ()
+        self.allocations = 0  # buffers allocated: 1-2 per frame size, never per frame
+
+
+class SnapshotStore:
+    def __init__(self, copies_per_s: float = DEFAULT_COPIES_PER_S, clock: Callable[[], float] = time.monotonic):
+        self.interval_s = 1.0 / copies_per_s if copies_per_s > 0 else float("inf")
+        self._clock = clock
+        self._cameras: dict[str, _CameraCopy] = {}  # replaced whole, never changed in place
+
+    # -- cameras -----------------------------------------------------------------------------
+    def add(self, camera: str) -> None:
+        if camera not in self._cameras:
+            self._cameras = {**self._cameras, camera: _CameraCopy(camera)}
+
+    def forget(self, camera: str) -> None:
+        self._cameras = {name: c for name, c in self._cameras.items() if name != camera}
+
+    def known(self, camera: str) -> bool:
+        return camera in self._cameras
+
+    def tap(self, camera: str, sink: FrameSink) -> FrameSink:
+        """`sink` with a bounded-rate copy of each frame taken first (see the module docstring):
+        copied before the pipeline sees the frame, or its detections could be published before
+        the copy is tagged and never match it."""
+        self.add(camera)
+
+        def tapped(frame: Frame, timeout_s: float) -> bool:
+            self.offer(frame)
+            return sink(frame, timeout_s)
+
+        return tapped
+
+    # -- the pipeline's side -----------------------------------------------------------------
+    def offer(self, frame: Frame) -> None:
+        """Reader thread: copy the frame if this camera's next copy is due."""
+        cam = self._cameras.get(frame.camera)
+        if cam is None:
+            return
+        now = self._clock()
+        if now < cam.next_copy_mono:
+            return
+        cam.next_copy_mono = now + self.interval_s
+        image = frame.image
+        with cam.lock:
+            buffer = cam.staging
+            if buffer is None or buffer.shape != image.shape or buffer.dtype != image.dtype:
+                buffer = cam.staging = np.empty_like(image)
+                cam.allocations += 1
+            np.copyto(buffer, image)
+            cam.staging_key = (frame.seq, frame.capture_mono)
+
+    def published(self, camera: str, seq: int, capture_mono: float, capture_time: float,
+                  detections: Detections, labels: Sequence[str]) -> None:
+        """Post-processing: frame `seq` was published with `detections`; if it is the frame
+        copied last, it becomes the camera's snapshot (a swap, no copy)."""
+        cam = self._cameras.get(camera)
+        if cam is None or cam.staging_key[0] != seq:
+            return
+        with cam.lock:
+            if cam.staging_key != (seq, capture_mono):
+                return
+            cam.staging, cam.shown = cam.shown, cam.staging
+            cam.staging_key = (-1, 0.0)
+            cam.seq, cam.capture_time = seq, capture_time
+            cam.detections, cam.labels = detections, labels
+
+    # -- on request --------------------------------------------------------------------------
+    def latest(self, camera: str) -> Snapshot | SnapshotMiss:
+        """The camera's latest processed frame with its boxes drawn, encoded now."""
+        cam = self._cameras.get(camera)
+        if cam is None:
+            return SnapshotMiss.UNKNOWN_CAMERA
+        with cam.lock:
+            if cam.shown is None or cam.detections is None:
+                return SnapshotMiss.NO_FRAME_YET
+            image = cam.shown.copy()
+            seq, capture_time, dets, labels = cam.seq, cam.capture_time, cam.detections, cam.labels
+        image = annotate(as_bgr(image), dets, labels)
+        ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
+        if not ok:
+            raise RuntimeError(f"camera {camera}: JPEG encoding of a {image.shape} frame failed")
+        return Snapshot(camera, seq, capture_time, int(image.shape[1]), int(image.shape[0]),
+                        dets.to_dicts(labels), encoded.tobytes())
+
+    def latest_jpeg(self, camera: str) -> bytes | None:
+        """The annotated JPEG, or None (unknown camera, or no frame processed yet: see `latest`)."""
+        snap = self.latest(camera)
+        return snap.jpeg if isinstance(snap, Snapshot) else None
+
+    def allocations(self, camera: str) -> int:
+        cam = self._cameras.get(camera)
+        return cam.allocations if cam is not None else 0
+
+
+def as_bgr(image: np.ndarray) -> np.ndarray:
+    """Readers may hand over gray or BGRA frames; boxes are drawn in colour."""
+    if image.ndim == 2 or image.shape[2] == 1:
+        return cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
+    if image.shape[2] == 4:
+        return cv2.cvtColor(image, cv2.COLOR_BGRA2BGR)
+    return image
+
+
+def class_colour(class_id: int) -> tuple[int, int, int]:
+    return PALETTE[class_id % len(PALETTE)]
+
+
+def annotate(image: np.ndarray, dets: Detections, labels: Sequence[str]) -> np.ndarray:
+    """Draw each box and a filled label tag ("person 0.87") on `image`, in place."""
+    height, width = image.shape[:2]
+    thickness = max(2, round(min(width, height) / 300))
+    scale = max(0.4, min(width, height) / 900)
+    for box, score, cid in zip(dets.boxes.tolist(), dets.scores.tolist(), dets.class_ids.tolist()):
+        x1, y1, x2, y2 = (int(round(v)) for v in box)
+        colour = class_colour(int(cid))
+        cv2.rectangle(image, (x1, y1), (x2, y2), colour, thickness)
+        text = f"{labels[cid] if 0 <= cid < len(labels) else f'class{cid}'} {score:.2f}"
+        (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
+        top = y1 - th - base - 2 if y1 - th - base - 2 >= 0 else y1  # inside the box at the top edge
+        cv2.rectangle(image, (x1, top), (x1 + tw + 2, top + th + base + 2), colour, cv2.FILLED)
+        cv2.putText(image, text, (x1 + 1, top + th + 1), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1,
+                    cv2.LINE_AA)
+    return image
+
+
+def snapshot_reply(store: SnapshotStore, request: dict) -> dict:
+    """The control socket's `{"cmd": "snapshot", "camera": NAME}`; `reason` tells ctl which
+    exit code to use."""
+    camera = request.get("camera")
+    if not isinstance(camera, str):
+        return {"ok": False, "error": 'snapshot needs a "camera" name'}
+    snap = store.latest(camera)
+    if not isinstance(snap, Snapshot):
+        why = (f"no camera named {quoted_name(camera)}" if snap is SnapshotMiss.UNKNOWN_CAMERA
+               else f"camera {quoted_name(camera)} has no processed frame yet")
+        return {"ok": False, "reason": snap.value, "error": why}
+    if len(snap.jpeg) > MAX_JPEG_BYTES:
+        return {"ok": False, "error": f"the snapshot is {len(snap.jpeg)} bytes, more than the "
+                                      f"{MAX_JPEG_BYTES} the control socket carries"}
+    return {"ok": True, "camera": snap.camera, "frame": snap.seq, "ts": utc_timestamp(snap.capture_time),
+            "width": snap.width, "height": snap.height, "detections": snap.detections,
+            "jpeg_base64": base64.b64encode(snap.jpeg).decode("ascii")}

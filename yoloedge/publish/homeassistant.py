@@ -1,0 +1,277 @@
+"""Home Assistant MQTT discovery: the retained `config` messages that make the appliance, its
+cameras and what they see appear in Home Assistant without any YAML there.
+
+Why it looks like this:
+
+* One HA device per appliance (identifiers from `device_id`), and per camera a `binary_sensor`
+  (streaming), a `sensor` of the camera's frame rate and one `sensor` per label of objects in
+  view: the labels the camera's `classes` lists, or, without `classes`, each label the first
+  time the camera publishes it (a model has 80 labels; 80 empty sensors per camera help nobody).
+* Every entity reads a topic the daemon already keeps up to date, so discovery adds one topic
+  only: the retained `cameras/<camera>/objects` ({label: count}), published when the counts
+  change, at most once per OBJECTS_MIN_INTERVAL_S per camera (a change held back goes out with
+  the first frame after that; a camera that stops streaming publishes zeros at once).
+  streaming reads the retained camera `state`; the frame rate reads the periodic `stats`.
+* Availability is the retained `status` topic; its Last Will says offline, a clean stop says
+  stopped: the template maps everything but online to offline, which HA understands.
+* Discovery topics follow HA's advice for entities with a unique_id: the object id is the
+  unique_id and there is no node id. Ids are built from names squeezed into [A-Za-z0-9_-];
+  a name that had to be squeezed gets a short hash of itself, so "cam 1" and "cam_1" stay apart,
+  and "__" separates the parts (`safe_id` never makes one), so no two entities share an id.
+* The registry (`Discovery`) outlives MQTT clients: a reload that changes the MQTT settings
+  replaces the client, and the new one must still know every camera and label seen. The client
+  republishes every config on each (re)connect (the broker may have lost its retained messages)
+  and an empty retained config for each entity of a camera that a reload removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Iterable, Sequence
+
+from ..config.schema import HomeAssistantConfig
+from ..sources.state import CameraState
+from .topics import Topics
+
+#: QoS of the discovery configs: retained and few, they must arrive once a connection stands.
+DISCOVERY_QOS = 1
+#: the objects-in-view counts of one camera go out at most this often (seconds).
+OBJECTS_MIN_INTERVAL_S = 1.0
+MANUFACTURER = "yoloedge"
+#: what the entities' availability template renders for anything but "online".
+_AVAILABLE, _NOT_AVAILABLE = "online", "offline"
+_UNSAFE = re.compile(r"[^A-Za-z0-9-]+")
+
+
+class Component(str, Enum):
+    """The HA entity platforms used (the second level of a discovery topic)."""
+
+    BINARY_SENSOR = "binary_sensor"
+    SENSOR = "sensor"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def safe_id(text: str) -> str:
+    """`text` as part of an HA object id: [A-Za-z0-9_-] without "__" (the separator of the
+    parts) or a leading or trailing "_"; a name that had to change gets a hash of itself."""
+    slug = _UNSAFE.sub("_", text).strip("_")
+    if slug == text:
+        return slug
+    digest = hashlib.sha1(text.encode("utf-8")).hexdigest()[:8]
+    return f"{slug}_{digest}" if slug else digest
+
+
+def _jinja_string(text: str) -> str:
+    """A Jinja string literal for `text` (JSON's escapes are a subset of Jinja's)."""
+    return json.dumps(text, ensure_ascii=True)
+
+
+@dataclass
+class _Camera:
+    classes: tuple[str, ...] | None
+    seen: list[str] = field(default_factory=list)  # without classes: labels in first-seen order
+    published: dict[str, int] | None = None  # the counts last handed to the client
+    published_at: float | None = None
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.classes) if self.classes is not None else list(self.seen)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One retained message to publish: a config (JSON), an empty removal, or counts."""
+
+    topic: str
+    payload: bytes
+
+
+class Discovery:
+    """The cameras and labels the appliance announces, and the last objects-in-view counts.
+
+    Thread-safe: post-processing threads count objects while the MQTT thread renders configs on
+    a reconnect. `_lock` is a leaf lock (nothing is called while holding it).
+    """
+
+    def __init__(self, device_id: str, version: str, model: str):
+        self.device_id = device_id
+        self.version = version
+        self.model = model
+        self._lock = threading.Lock()
+        self._cameras: dict[str, _Camera] = {}
+
+    # ------------------------------------------------------------------ registry
+
+    def set_camera(self, camera: str, classes: Sequence[str] | None) -> list[str]:
+        """Register (or re-register, new settings) `camera`; returns the labels it no longer has."""
+        wanted = tuple(classes) if classes is not None else None
+        with self._lock:
+            old = self._cameras.get(camera)
+            if old is not None and old.classes == wanted:
+                return []
+            before = old.labels if old is not None else []
+            self._cameras[camera] = new = _Camera(wanted)
+            return [label for label in before if label not in new.labels]
+
+    def remove_camera(self, camera: str) -> list[str] | None:
+        """Forget `camera`; returns its labels, or None when it was not registered."""
+        with self._lock:
+            gone = self._cameras.pop(camera, None)
+        return None if gone is None else gone.labels
+
+    def labels(self, camera: str) -> list[str] | None:
+        with self._lock:
+            cam = self._cameras.get(camera)
+            return None if cam is None else cam.labels
+
+    def cameras(self) -> list[str]:
+        with self._lock:
+            return list(self._cameras)
+
+    # ------------------------------------------------------------------ objects in view
+
+    def count(self, camera: str, labels_in_frame: Iterable[str], now: float
+              ) -> tuple[list[str], dict[str, int] | None]:
+        """One frame's labels -> (labels seen for the first time, counts to publish or None).
+
+        Counts cover every label the camera has a sensor for (zero included), so each sensor's
+        template finds its key. They are due when they differ from the last published ones and
+        OBJECTS_MIN_INTERVAL_S has passed since then.
+        """
+        with self._lock:
+            cam = self._cameras.get(camera)
+            if cam is None:
+                return [], None
+            frame = list(labels_in_frame)
+            new: list[str] = []
+            if cam.classes is None:
+                for label in frame:
+                    if label not in cam.seen and label not in new:
+                        new.append(label)
+                cam.seen.extend(new)
+            counts = dict.fromkeys(cam.labels, 0)
+            for label in frame:
+                if label in counts:
+                    counts[label] += 1
+            if counts == cam.published or (
+                    cam.published_at is not None and not new
+                    and now - cam.published_at < OBJECTS_MIN_INTERVAL_S):
+                return new, None
+            cam.published, cam.published_at = counts, now
+            return new, counts
+
+    def clear_counts(self, camera: str, now: float) -> dict[str, int] | None:
+        """All zeros, when the camera stopped streaming and the last counts were not zeros."""
+        with self._lock:
+            cam = self._cameras.get(camera)
+            if cam is None:
+                return None
+            zeros = dict.fromkeys(cam.labels, 0)
+            if cam.published is None or cam.published == zeros:
+                return None
+            cam.published, cam.published_at = zeros, now
+            return zeros
+
+    def last_counts(self, camera: str) -> dict[str, int] | None:
+        with self._lock:
+            cam = self._cameras.get(camera)
+            return None if cam is None or cam.published is None else dict(cam.published)
+
+
+class Renderer:
+    """Builds the discovery messages for one MQTT client's settings (prefix, topics)."""
+
+    def __init__(self, config: HomeAssistantConfig, topics: Topics, discovery: Discovery):
+        self.config = config
+        self.topics = topics
+        self.discovery = discovery
+        self._node = safe_id(topics.device_id)
+
+    def device(self) -> dict:
+        d = self.discovery
+        return {"identifiers": [f"yoloedge__{self._node}"], "name": f"yoloedge {d.device_id}",
+                "manufacturer": MANUFACTURER, "model": d.model, "sw_version": d.version}
+
+    def availability(self) -> list[dict]:
+        return [{"topic": self.topics.status,
+                 "value_template": f"{{{{ '{_AVAILABLE}' if value_json.state == '{_AVAILABLE}' "
+                                   f"else '{_NOT_AVAILABLE}' }}}}",
+                 "payload_available": _AVAILABLE, "payload_not_available": _NOT_AVAILABLE}]
+
+    def unique_id(self, camera: str, entity: str) -> str:
+        return f"yoloedge__{self._node}__{safe_id(camera)}__{entity}"
+
+    def config_topic(self, component: Component, unique_id: str) -> str:
+        return f"{self.config.discovery_prefix}/{component}/{unique_id}/config"
+
+    def entities(self, camera: str, labels: Sequence[str], with_camera: bool = True
+                 ) -> list[tuple[Component, str, dict]]:
+        """(component, unique_id, config) of `camera`'s label sensors for `labels`, and of its
+        other entities when `with_camera`."""
+        cam = _jinja_string(camera)
+        streaming = str(CameraState.STREAMING)
+        out: list[tuple[Component, str, dict]] = [
+            (Component.BINARY_SENSOR, self.unique_id(camera, "streaming"), {
+                "name": f"{camera} streaming", "device_class": "running",
+                "state_topic": self.topics.camera_state(camera),
+                "value_template": f"{{{{ 'ON' if value_json.state == '{streaming}' else 'OFF' }}}}",
+                "payload_on": "ON", "payload_off": "OFF"}),
+            (Component.SENSOR, self.unique_id(camera, "fps"), {
+                "name": f"{camera} fps", "unit_of_measurement": "fps",
+                "state_class": "measurement", "entity_category": "diagnostic",
+                "state_topic": self.topics.stats,
+                "value_template": f"{{{{ value_json.cameras | selectattr('name', 'eq', {cam}) "
+                                  f"| map(attribute='fps_in') | first | default(none) }}}}"}),
+        ] if with_camera else []
+        for label in labels:
+            out.append((Component.SENSOR, self.unique_id(camera, f"objects_{safe_id(label)}"), {
+                "name": f"{camera} {label}", "unit_of_measurement": "objects",
+                "state_class": "measurement", "icon": "mdi:eye",
+                "state_topic": self.topics.camera_objects(camera),
+                "value_template": f"{{{{ value_json[{_jinja_string(label)}] | default(0) }}}}"}))
+        return out
+
+    def configs(self, camera: str, labels: Sequence[str], with_camera: bool = True) -> list[Message]:
+        """The retained discovery configs of `camera`'s entities (see `entities`)."""
+        common = {"device": self.device(), "availability": self.availability(),
+                  "origin": {"name": MANUFACTURER, "sw_version": self.discovery.version}}
+        return [Message(self.config_topic(component, uid),
+                        _encode({**entity, "unique_id": uid, **common}))
+                for component, uid, entity in self.entities(camera, labels, with_camera)]
+
+    def label_configs(self, camera: str, labels: Sequence[str]) -> list[Message]:
+        """The configs of the label sensors for `labels` only (labels seen for the first time)."""
+        return self.configs(camera, labels, with_camera=False)
+
+    def removals(self, camera: str, labels: Sequence[str], whole_camera: bool) -> list[Message]:
+        """Empty retained configs: the label sensors of `labels`, and all of the camera's
+        entities when `whole_camera`."""
+        return [Message(self.config_topic(component, uid), b"")
+                for component, uid, _ in self.entities(camera, labels, whole_camera)]
+
+    def objects(self, camera: str, counts: dict[str, int]) -> Message:
+        return Message(self.topics.camera_objects(camera), _encode(counts))
+
+    def everything(self) -> list[Message]:
+        """Every config and the last counts: what a (re)connect publishes."""
+        out: list[Message] = []
+        for camera in self.discovery.cameras():
+            labels = self.discovery.labels(camera)
+            if labels is None:
+                continue  # removed meanwhile
+            out.extend(self.configs(camera, labels))
+            counts = self.discovery.last_counts(camera)
+            if counts is not None:
+                out.append(self.objects(camera, counts))
+        return out
+
+
+def _encode(payload: dict) -> bytes:
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")

@@ -1,0 +1,1 @@
+"""The daemon's HTTP endpoint: `/metrics` for Prometheus, `/api/status`."""

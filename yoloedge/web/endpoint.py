@@ -1,0 +1,125 @@
+"""The daemon's HTTP endpoint across its life: started with the daemon, changed by a reload.
+
+A reload that changes only the credentials swaps them on the running server; one that changes
+the address binds the new one, and when that fails binds the old one again and raises, so the
+daemon rejects the reload as it does any other that cannot be applied.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from http import HTTPStatus
+from urllib.parse import unquote
+from typing import Callable
+
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from ..config.schema import HttpConfig
+from ..pipeline.snapshots import SnapshotStore
+from .metrics import Meters, new_registry
+from .server import BasicAuth, HttpServer, Request, Response, Router, text_response
+
+log = logging.getLogger(__name__)
+
+
+class HttpBindError(RuntimeError):
+    """The new address could not be bound; the old one serves again."""
+
+
+#: where each camera's latest annotated frame is served: CAMERA_IMAGES + <name> + LATEST_JPEG.
+CAMERA_IMAGES = "/api/cameras/"
+LATEST_JPEG = "/latest.jpg"
+
+
+class HttpEndpoint:
+    def __init__(self, status: Callable[[], dict], meters: Callable[[], Meters],
+                 snapshots: SnapshotStore | None = None):
+        self._status = status
+        self._snapshots = snapshots
+        self.registry = new_registry(status, meters)
+        self.router = Router()
+        self.router.add("/metrics", self._metrics)
+        self.router.add("/api/status", self._api_status)
+        self.router.add_prefix(CAMERA_IMAGES, self._camera_image)
+        self.config: HttpConfig | None = None
+        self.server: HttpServer | None = None
+
+    def start(self, config: HttpConfig) -> None:
+        """Listen as `config` says; raises OSError when the address cannot be bound."""
+        self.config = config
+        self.router.auth = _auth(config)
+        if config.listen is None:
+            return
+        host, port = config.listen
+        server = HttpServer(host, port, self.router)
+        server.start()
+        self.server = server
+        shown = f"[{host}]" if ":" in host else host
+        log.info("HTTP endpoint on http://%s:%d (/metrics, /api/status)%s", shown, server.address[1],
+                 ", basic auth" if self.router.auth else "")
+
+    def apply(self, new: HttpConfig) -> None:
+        """A reload's new settings; raises HttpBindError (after binding the old address again)
+        when the new address cannot be bound."""
+        old = self.config
+        if old is not None and new.listen == old.listen and (self.server is not None or new.listen is None):
+            self.config = new
+            self.router.auth = _auth(new)
+            return
+        self.stop()
+        try:
+            self.start(new)
+        except OSError as exc:
+            if old is not None:
+                self._restart(old)
+            raise HttpBindError(f"http.listen: cannot listen on {listen_text(new)}: {exc.strerror or exc}") from None
+        if old is not None and old.listen != new.listen:
+            log.info("reload: HTTP endpoint moved from %s to %s", listen_text(old), listen_text(new))
+
+    def _restart(self, config: HttpConfig) -> None:
+        try:
+            self.start(config)
+        except OSError as exc:  # its port was taken meanwhile: the daemon runs on without it
+            log.error("HTTP endpoint: cannot listen on %s again: %s", listen_text(config), exc)
+            self.server = None
+
+    def _camera_image(self, request: Request) -> Response:
+        """The camera's latest processed frame with its boxes drawn, encoded now (never per frame):
+        404 for a camera that does not exist, 503 until its first frame is published."""
+        name = unquote(request.path[len(CAMERA_IMAGES):-len(LATEST_JPEG)]) if request.path.endswith(LATEST_JPEG) else ""
+        store = self._snapshots
+        if not name or store is None or not store.known(name):
+            return text_response(HTTPStatus.NOT_FOUND, "no such camera")
+        jpeg = store.latest_jpeg(name)
+        if jpeg is None:
+            return text_response(HTTPStatus.SERVICE_UNAVAILABLE, "no processed frame yet",
+                                 headers=(("Retry-After", "1"),))
+        return Response(HTTPStatus.OK, jpeg, "image/jpeg")
+
+    def stop(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop()
+
+    # -- routes ------------------------------------------------------------------------------
+    def _metrics(self, request: Request) -> Response:
+        return Response(HTTPStatus.OK, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+
+    def _api_status(self, request: Request) -> Response:
+        """What `yoloedge-ctl status --json` prints: the same dict, from the same method."""
+        body = json.dumps(self._status(), indent=2).encode()
+        return Response(HTTPStatus.OK, body, "application/json")
+
+
+def _auth(config: HttpConfig) -> BasicAuth | None:
+    if config.username is None or config.password is None:
+        return None
+    return BasicAuth(config.username, config.password)
+
+
+def listen_text(config: HttpConfig) -> str:
+    if config.listen is None:
+        return "nothing (off)"
+    host, port = config.listen
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

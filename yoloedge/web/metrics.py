@@ -1,0 +1,122 @@
+"""`GET /metrics`: the daemon's status, in Prometheus' text format, read at scrape time.
+
+A custom collector rather than prometheus_client's Counter/Gauge objects: the pipeline already
+counts everything (status shows it), so a scrape reads the same status dict that `yoloedge-ctl
+status --json` prints, plus the cumulative histogram buckets the pipeline keeps beside its
+percentile windows (`metrics.BucketCounts`). A frame costs nothing extra for the exporter, and
+/metrics and status cannot disagree about a count.
+
+One registry per daemon (`new_registry`), not prometheus_client's global one: a process may run
+more than one daemon (tests do), and the global registry would refuse a second collector.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..metrics import BucketCounts
+
+if TYPE_CHECKING:
+    from ..pipeline.cameras import CameraRuntime
+    from ..pipeline.worker import DeviceWorker
+
+
+class Meters(NamedTuple):
+    """What the collector reads besides the status dict: the pipeline's own meter objects."""
+
+    cameras: list[CameraRuntime]
+    workers: list[tuple[str, DeviceWorker]]  # (accelerator name, worker)
+
+
+CAMERA_LABELS = ("camera", "accelerator")
+DEVICE_LABELS = ("accelerator", "device")
+
+#: (metric name, help, status key) of the per-camera counters
+CAMERA_COUNTERS = (
+    ("yoloedge_camera_frames_in_total", "Frames decoded from the camera.", "frames_in"),
+    ("yoloedge_camera_frames_published_total", "Frames whose detections were published.", "published"),
+    ("yoloedge_camera_frames_dropped_total", "Frames dropped because the accelerator was busy "
+                                             "(live cameras keep the latest).", "drops"),
+    ("yoloedge_camera_reconnects_total", "Times the camera was connected again.", "reconnects"),
+)
+
+
+class DaemonCollector(Collector):
+    def __init__(self, status: Callable[[], dict], meters: Callable[[], Meters]):
+        self._status = status
+        self._meters = meters
+
+    def collect(self) -> Iterator[Metric]:
+        status = self._status()
+        meters = self._meters()
+        yield from camera_metrics(status.get("cameras", []), meters.cameras)
+        yield from device_metrics(status.get("accelerators", []), meters.workers)
+        yield from mqtt_metrics(status.get("mqtt") or {})
+
+
+def camera_metrics(cameras: list[dict], runtimes: list[CameraRuntime]) -> Iterator[Metric]:
+    for name, doc, key in CAMERA_COUNTERS:
+        family = CounterMetricFamily(name, doc, labels=CAMERA_LABELS)
+        for cam in cameras:
+            family.add_metric((cam["name"], cam["accelerator"]), cam.get(key) or 0)
+        yield family
+    up = GaugeMetricFamily("yoloedge_camera_up", "1 while the camera is streaming.", labels=CAMERA_LABELS)
+    for cam in cameras:
+        up.add_metric((cam["name"], cam["accelerator"]), 1 if cam.get("state") == "streaming" else 0)
+    yield up
+    detections = CounterMetricFamily("yoloedge_detections_total", "Detections published, per label.",
+                                     labels=("camera", "label"))
+    latency = HistogramMetricFamily("yoloedge_frame_latency_seconds", "Capture to published, per frame.",
+                                    labels=CAMERA_LABELS)
+    for runtime in runtimes:
+        for label, count in sorted(runtime.detections_by_label().items()):
+            detections.add_metric((runtime.name, label), count)
+        add_histogram(latency, (runtime.name, runtime.group), runtime.latency_buckets)
+    yield detections
+    yield latency
+
+
+def device_metrics(entries: list[dict], workers: list[tuple[str, DeviceWorker]]) -> Iterator[Metric]:
+    up = GaugeMetricFamily("yoloedge_device_up", "1 while the device serves batches.", labels=DEVICE_LABELS)
+    for entry in entries:
+        up.add_metric((entry["accelerator"], str(entry["device"])), 1 if entry.get("state") == "running" else 0)
+    yield up
+    inference = HistogramMetricFamily("yoloedge_inference_seconds", "Device time per batch.", labels=DEVICE_LABELS)
+    batch = HistogramMetricFamily("yoloedge_batch_size", "Frames per batch.", labels=DEVICE_LABELS)
+    for accelerator, worker in workers:
+        labels = (accelerator, str(worker.device))
+        add_histogram(inference, labels, worker.infer_buckets)
+        add_histogram(batch, labels, worker.batch_buckets)
+    yield inference
+    yield batch
+
+
+def mqtt_metrics(mqtt: dict) -> Iterator[Metric]:
+    yield GaugeMetricFamily("yoloedge_mqtt_connected", "1 while connected to the broker.",
+                            value=1 if mqtt.get("connected") else 0)
+    yield GaugeMetricFamily("yoloedge_mqtt_queued_messages", "Messages waiting to be sent or acknowledged.",
+                            value=mqtt.get("queued") or 0)
+    yield CounterMetricFamily("yoloedge_mqtt_dropped_total", "Messages dropped (queue full, QoS 0 while "
+                                                             "disconnected, spool limit).",
+                              value=mqtt.get("dropped") or 0)
+
+
+def add_histogram(family: HistogramMetricFamily, labels: Iterable[str], counts: BucketCounts) -> None:
+    per_bucket, total = counts.snapshot()
+    buckets: list[tuple[str, float]] = []
+    running = 0
+    for bound, count in zip((*counts.bounds, float("inf")), per_bucket):
+        running += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+    family.add_metric(list(labels), buckets, total)
+
+
+def new_registry(status: Callable[[], dict], meters: Callable[[], Meters]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DaemonCollector(status, meters))
+    ProcessCollector(registry=registry)
+    return registry

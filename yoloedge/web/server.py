@@ -1,0 +1,407 @@
+"""A small HTTP/1.1 server for the daemon's read-only endpoints (`/metrics`, `/api/status`).
+
+Not `http.server.ThreadingHTTPServer`: it spends a thread per connection for as long as the
+client takes, so a few clients that dribble a header line every few seconds (slowloris) or
+never read their reply would hold any number of threads. Here, as in `control.server`, one I/O
+thread multiplexes every connection with non-blocking sockets; only a complete, parsed request
+reaches one of `HANDLERS` handler threads, which build the reply (a scrape, a JSON status) and
+hand it back for the I/O thread to write. The pipeline never waits on any of it.
+
+Bounds: a request head is at most `MAX_HEAD_BYTES` (431 past it); the whole exchange (head,
+wait for a handler, writing the reply) must end within `timeout_s` of the accept, or the
+connection is closed; at most `MAX_CONNECTIONS` are kept, a new one evicting the connection that
+has waited longest for its request (a crowd of silent clients delays a scrape by one accept);
+at most `MAX_WAITING` parsed requests wait for a handler, more are answered 503 at once. Every
+reply closes its connection (no keep-alive: a scrape every few seconds does not need it, and a
+held-open connection is one more thing to bound). GET and HEAD only.
+
+Basic auth (`BasicAuth`) is checked before routing, in constant time; a refused request gets
+401 with `WWW-Authenticate`, and the credentials are never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import collections
+import hashlib
+import hmac
+import logging
+import queue
+import selectors
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from http import HTTPStatus
+from typing import Callable
+
+from ..textsafe import printable
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 128
+MAX_HEAD_BYTES = 8192
+MAX_HEADERS = 64
+#: handler threads: replies are built in milliseconds, so two keep up with any sane scraper
+HANDLERS = 2
+#: parsed requests waiting for a handler; more are answered 503 at once
+MAX_WAITING = 16
+REQUEST_TIMEOUT_S = 10.0
+#: the I/O thread re-reads the clock at least this often while connections are open
+MAX_WAIT_S = 0.25
+ACCEPT_PAUSE_S = 0.05
+_RECV_BYTES = 16384
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str  # without the query string
+    query: str
+    headers: dict[str, str]  # names in lower case
+
+
+@dataclass(frozen=True)
+class Response:
+    status: HTTPStatus
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def encode(self, head_only: bool) -> bytes:
+        lines = [f"HTTP/1.1 {self.status.value} {self.status.phrase}",
+                 f"Content-Type: {self.content_type}",
+                 f"Content-Length: {len(self.body)}",
+                 "Connection: close",
+                 "Cache-Control: no-store",
+                 "X-Content-Type-Options: nosniff",
+                 *(f"{name}: {value}" for name, value in self.headers)]
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        return head if head_only else head + self.body
+
+
+def text_response(status: HTTPStatus, text: str | None = None, headers: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(status, ((text or status.phrase) + "\n").encode(), headers=headers)
+
+
+Route = Callable[[Request], Response]
+
+
+class BasicAuth:
+    """HTTP basic auth against one user name and password. Both the given and the expected
+    credentials are hashed first, so the comparison takes the same time whatever their lengths
+    and wherever they differ."""
+
+    CHALLENGE = ("WWW-Authenticate", 'Basic realm="yoloedge", charset="UTF-8"')
+
+    def __init__(self, username: str, password: str):
+        self._expected = hashlib.sha256(f"{username}:{password}".encode()).digest()
+
+    def allows(self, header: str | None) -> bool:
+        scheme, _, token = (header or "").strip().partition(" ")
+        try:
+            given = base64.b64decode(token.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            given = b""
+        same = hmac.compare_digest(hashlib.sha256(given).digest(), self._expected)
+        return same and scheme.lower() == "basic"
+
+
+class Router:
+    """Exact paths and path prefixes (`/api/cameras/`) to routes, behind optional basic auth.
+    The auth can be swapped while serving (a reload that changes only the credentials)."""
+
+    def __init__(self) -> None:
+        self._exact: dict[str, Route] = {}
+        self._prefixes: dict[str, Route] = {}
+        self.auth: BasicAuth | None = None
+
+    def add(self, path: str, route: Route) -> None:
+        self._exact[path] = route
+
+    def add_prefix(self, prefix: str, route: Route) -> None:
+        self._prefixes[prefix] = route
+
+    def __call__(self, request: Request) -> Response:
+        auth = self.auth
+        if auth is not None and not auth.allows(request.headers.get("authorization")):
+            return text_response(HTTPStatus.UNAUTHORIZED, headers=(BasicAuth.CHALLENGE,))
+        route = self._exact.get(request.path)
+        if route is None:
+            route = next((r for p, r in self._prefixes.items() if request.path.startswith(p)), None)
+        if route is None:
+            return text_response(HTTPStatus.NOT_FOUND)
+        return route(request)
+
+
+class ConnState(Enum):
+    READING = "reading"  # waiting for the request head
+    HANDLING = "handling"  # parsed, waiting for or inside a handler
+    WRITING = "writing"  # the reply is being written
+
+
+@dataclass(eq=False)
+class _Connection:
+    sock: socket.socket
+    deadline: float
+    state: ConnState = ConnState.READING
+    inbuf: bytearray = field(default_factory=bytearray)
+    out: memoryview | None = None
+    closed: bool = False
+
+
+class HttpServer:
+    """Listens on (host, port) from `start()` (which raises OSError when it cannot bind) to `stop()`."""
+
+    def __init__(self, host: str, port: int, app: Route, *, timeout_s: float = REQUEST_TIMEOUT_S,
+                 clock: Clock = time.monotonic):
+        self.host, self.port = host, port
+        self._app = app
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._listener: socket.socket | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._jobs: queue.Queue[tuple[_Connection, Request] | None] = queue.Queue(MAX_WAITING)
+        self._done: collections.deque[tuple[_Connection, bytes]] = collections.deque()
+        self._connections: dict[socket.socket, _Connection] = {}
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where it listens (the real port when 0 was asked for)."""
+        if self._listener is None:
+            return (self.host, self.port)
+        name = self._listener.getsockname()
+        return (name[0], name[1])
+
+    def start(self) -> None:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((self.host, self.port))
+            listener.listen(MAX_CONNECTIONS)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            self._close_wake()
+            raise
+        self._listener = listener
+        self._threads = [threading.Thread(target=self._io_loop, name="http-io", daemon=True)]
+        self._threads += [threading.Thread(target=self._handle_loop, name=f"http-{i}", daemon=True)
+                          for i in range(HANDLERS)]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Close the listener and every connection; a handler busy with a reply is not waited
+        for past `timeout_s` (it is a daemon thread and holds no lock of the pipeline)."""
+        if self._listener is None:
+            return
+        self._stopping.set()
+        _poke(self._wake_w)
+        for _ in range(HANDLERS):
+            try:
+                self._jobs.put(None, timeout=timeout_s)
+            except queue.Full:
+                break
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._listener = None
+
+    # -- handler threads ---------------------------------------------------------------------
+    def _handle_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            conn, request = job
+            try:
+                response = self._app(request)
+            except Exception:  # noqa: BLE001 - one failed reply must not end the endpoint
+                log.exception("HTTP %s %s failed", printable(request.method), printable(request.path[:200]))
+                response = text_response(HTTPStatus.INTERNAL_SERVER_ERROR)
+            self._done.append((conn, response.encode(request.method == "HEAD")))
+            _poke(self._wake_w)
+
+    # -- I/O thread --------------------------------------------------------------------------
+    def _io_loop(self) -> None:
+        listener = self._listener
+        if listener is None:
+            return
+        selector = selectors.DefaultSelector()
+        selector.register(listener, selectors.EVENT_READ, None)
+        selector.register(self._wake_r, selectors.EVENT_READ, None)
+        try:
+            while not self._stopping.is_set():
+                for key, events in selector.select(self._wait_s()):
+                    if key.fileobj is listener:
+                        self._accept(selector, listener)
+                    elif key.fileobj is self._wake_r:
+                        _drain(self._wake_r)
+                    elif events & selectors.EVENT_READ and key.data.state is ConnState.READING:
+                        self._read(selector, key.data)
+                    elif events & selectors.EVENT_WRITE:
+                        self._flush(selector, key.data)
+                self._collect_replies(selector)
+                self._expire(selector)
+        except Exception:  # noqa: BLE001 - logged; the daemon runs on without its endpoint
+            log.exception("HTTP endpoint failed; /metrics and /api/status are unavailable until a restart")
+        finally:
+            for conn in list(self._connections.values()):
+                self._close(selector, conn)
+            selector.close()
+            listener.close()
+            self._close_wake()
+
+    def _close_wake(self) -> None:
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _wait_s(self) -> float:
+        if not self._connections:
+            return MAX_WAIT_S * 4
+        earliest = min(c.deadline for c in self._connections.values())
+        return min(MAX_WAIT_S, max(0.0, earliest - self._clock()))
+
+    def _accept(self, selector: selectors.BaseSelector, listener: socket.socket) -> None:
+        for _ in range(MAX_CONNECTIONS):  # empty the backlog: a full one refuses the next scrape
+            try:
+                sock, _ = listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:  # out of file descriptors: try again a little later
+                log.warning("HTTP: accept failed: %s", exc)
+                time.sleep(ACCEPT_PAUSE_S)
+                return
+            sock.setblocking(False)
+            if len(self._connections) >= MAX_CONNECTIONS:
+                self._evict_oldest_reader(selector)
+            conn = _Connection(sock, self._clock() + self._timeout_s)
+            self._connections[sock] = conn
+            selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _evict_oldest_reader(self, selector: selectors.BaseSelector) -> None:
+        """The one waiting longest for its request; when every connection has one (clients that
+        do not read their replies), the oldest of all."""
+        readers = [c for c in self._connections.values() if c.state is ConnState.READING]
+        oldest = min(readers or self._connections.values(), key=lambda c: c.deadline)
+        self._close(selector, oldest)
+
+    def _read(self, selector: selectors.BaseSelector, conn: _Connection) -> None:
+        try:
+            data = conn.sock.recv(_RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(selector, conn)
+            return
+        if not data:
+            self._close(selector, conn)
+            return
+        conn.inbuf += data
+        end = conn.inbuf.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+        if end < 0:
+            if len(conn.inbuf) > MAX_HEAD_BYTES:
+                self._reply(selector, conn, text_response(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE).encode(False))
+            return
+        request = parse_head(bytes(conn.inbuf[:end]))
+        if isinstance(request, Response):
+            self._reply(selector, conn, request.encode(False))
+            return
+        conn.state = ConnState.HANDLING
+        selector.unregister(conn.sock)  # more bytes (a body, an EOF) would only wake the loop for nothing
+        try:
+            self._jobs.put_nowait((conn, request))
+        except queue.Full:
+            self._reply(selector, conn, text_response(HTTPStatus.SERVICE_UNAVAILABLE).encode(False))
+
+    def _collect_replies(self, selector: selectors.BaseSelector) -> None:
+        while self._done:
+            conn, data = self._done.popleft()
+            if not conn.closed:
+                self._reply(selector, conn, data)
+
+    def _reply(self, selector: selectors.BaseSelector, conn: _Connection, data: bytes) -> None:
+        conn.state = ConnState.WRITING
+        conn.out = memoryview(data)
+        try:
+            selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
+        except KeyError:  # unregistered while its request was handled
+            selector.register(conn.sock, selectors.EVENT_WRITE, conn)
+        self._flush(selector, conn)
+
+    def _flush(self, selector: selectors.BaseSelector, conn: _Connection) -> None:
+        out = conn.out
+        if out is None:
+            return
+        try:
+            sent = conn.sock.send(out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(selector, conn)
+            return
+        conn.out = out[sent:]
+        if not conn.out:
+            self._close(selector, conn)
+
+    def _expire(self, selector: selectors.BaseSelector) -> None:
+        now = self._clock()
+        for conn in [c for c in self._connections.values() if c.deadline <= now]:
+            self._close(selector, conn)
+
+    def _close(self, selector: selectors.BaseSelector, conn: _Connection) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self._connections.pop(conn.sock, None)
+        try:
+            selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass  # never registered, or already gone
+        conn.sock.close()
+
+
+def parse_head(head: bytes) -> Request | Response:
+    """The request line and headers, or the error reply for a head that is not HTTP/1.x."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
+        return text_response(HTTPStatus.BAD_REQUEST)
+    method, target, _ = parts
+    if len(lines) - 1 > MAX_HEADERS:
+        return text_response(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            return text_response(HTTPStatus.BAD_REQUEST)
+        headers[name.lower()] = value.strip()
+    if method not in ("GET", "HEAD"):
+        return text_response(HTTPStatus.METHOD_NOT_ALLOWED, headers=(("Allow", "GET, HEAD"),))
+    path, _, query = target.partition("?")
+    return Request(method, path, query, headers)
+
+
+def _poke(sock: socket.socket) -> None:
+    try:
+        sock.send(b"\0")
+    except (BlockingIOError, OSError):
+        pass  # already poked (the pipe is full), or closing: the I/O thread wakes either way
+
+
+def _drain(sock: socket.socket) -> None:
+    try:
+        while sock.recv(4096):
+            pass
+    except (BlockingIOError, OSError):
+        pass  # empty
