@@ -51,10 +51,17 @@ Design (the why behind the code below; docs/mqtt.md has the topics and payloads)
   current status is re-published after every reconnect unless it is still waiting to go out,
   because the broker may have published our Last Will (or lost its retained messages on a
   restart) while we were away. `stop()` disconnects cleanly, so the broker discards the Will.
+* Home Assistant discovery (publish/homeassistant.py, when `mqtt.homeassistant` is set): every
+  (re)connect publishes every retained config right after the replay, under the same
+  `_send_lock`, so nothing can slip between. Configs published while not connected are not
+  queued (the next connect publishes the current set); removals are, in order, so a camera
+  removed during an outage is still removed. They bypass the spool and the queue limits like the
+  status: they are few, and rebuilt from the registry on every connect.
 
 Locks: `_send_lock` (re-entrant) serialises everything that hands messages to paho, including
 the replay in `on_connect`. `_lock` guards counters and queues; it is a leaf lock: it is never
 held while calling into paho, because paho holds its own locks while calling our callbacks.
+The Home Assistant registry's lock is a leaf lock too, taken with or without `_send_lock`.
 """
 
 from __future__ import annotations
@@ -69,14 +76,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
 from ..config.schema import MqttConfig
 from ..config.tls import client_context
+from ..sources.state import CameraState
 from ..timeutil import utc_timestamp
+from .homeassistant import DISCOVERY_QOS, Discovery, Message, Renderer
 from .spool import Record, Spool
 from .topics import Topics
 
@@ -176,7 +185,7 @@ class MqttPublisher:
     """One MQTT connection for the whole daemon; thread-safe (any thread may publish)."""
 
     def __init__(self, config: MqttConfig, device_id: str, version: str,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, discovery: Discovery | None = None):
         _check_config(config)
         self._config = config
         self._clock = clock  # for rate-limited logs and the acknowledgement check, not deadlines
@@ -228,6 +237,12 @@ class MqttPublisher:
         self._spool_thread: threading.Thread | None = None
         self._spool_dropped = 0  # spool drops already counted in _dropped
         self._spool_unreadable = 0  # unreadable spool records already counted in _dropped
+        #: Home Assistant discovery. The registry is the daemon's, shared by successive clients
+        #: and kept up to date while discovery is off, so a reload can turn it on.
+        self._discovery = discovery or Discovery(device_id, version, "")
+        self._ha: Renderer | None = None
+        if config.homeassistant is not None:
+            self._ha = Renderer(config.homeassistant, self.topics, self._discovery)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -400,15 +415,67 @@ class MqttPublisher:
 
     def publish_detections(self, camera: str, message: dict) -> bool:
         """One frame's detections of `camera` (the pipeline builds the message)."""
-        return self.publish(self.topics.detections(camera), message)
+        published = self.publish(self.topics.detections(camera), message)
+        if self._ha is not None:
+            self._count_objects(self._ha, camera, message)
+        return published
 
     def publish_camera_state(self, camera: str, state: dict) -> bool:
         """Retained state of `camera`, so a new subscriber sees it at once."""
-        return self.publish(self.topics.camera_state(camera), state, retain=True)
+        published = self.publish(self.topics.camera_state(camera), state, retain=True)
+        if self._ha is not None and state.get("state") != str(CameraState.STREAMING):
+            zeros = self._ha.discovery.clear_counts(camera, self._clock())  # nothing in view now
+            if zeros is not None:
+                self._publish_discovery([self._ha.objects(camera, zeros)])
+        return published
 
     def clear_camera(self, camera: str) -> bool:
-        """Delete the retained state of a removed camera (an empty retained message)."""
+        """Delete the retained state of a removed camera (an empty retained message), and its
+        Home Assistant entities (empty retained configs)."""
+        labels = self._discovery.remove_camera(camera)
+        if self._ha is not None and labels is not None:
+            self._publish_discovery(self._ha.removals(camera, labels, whole_camera=True),
+                                    removal=True)
         return self.publish(self.topics.camera_state(camera), b"", retain=True)
+
+    def announce_camera(self, camera: str, classes: Sequence[str] | None) -> None:
+        """Register `camera` for Home Assistant discovery (again, after its settings changed):
+        its configs, and removals for the label sensors its new `classes` no longer list."""
+        gone = self._discovery.set_camera(camera, classes)
+        if self._ha is None:
+            return
+        if gone:
+            self._publish_discovery(self._ha.removals(camera, gone, whole_camera=False),
+                                    removal=True)
+        self._publish_discovery(self._ha.configs(camera, self._ha.discovery.labels(camera) or []))
+
+    def _count_objects(self, ha: Renderer, camera: str, message: dict) -> None:
+        """The objects-in-view counts from the message as published; a label seen for the first
+        time (a camera without `classes`) gets its sensor first."""
+        labels = [str(det.get("label")) for det in message.get("detections", ())]
+        new, counts = ha.discovery.count(camera, labels, self._clock())
+        out = ha.label_configs(camera, new) if new else []
+        if counts is not None:
+            out.append(ha.objects(camera, counts))
+        if out:
+            self._publish_discovery(out)
+
+    def _publish_discovery(self, messages: list[Message], removal: bool = False) -> None:
+        """Hand discovery messages to paho while connected (see the module docstring); while
+        not, keep only removals: the next connect publishes the current configs and counts."""
+        with self._send_lock:
+            with self._lock:
+                skip = self._closed or (not self._ready and not removal)
+            if skip:
+                return
+            for m in messages:
+                self._submit(_Outgoing(m.topic, m.payload, DISCOVERY_QOS, True), bypass_limit=True)
+
+    def _announce_all(self) -> None:
+        """Every discovery config and the last counts, after a (re)connect. Caller holds
+        _send_lock, after the replay."""
+        if self._ha is not None:
+            self._publish_discovery(self._ha.everything())
 
     def publish_stats(self, stats: dict) -> bool:
         """Periodic device counters."""
@@ -657,6 +724,7 @@ class MqttPublisher:
                 self._last_ack_at = self._clock()  # acknowledgements are awaited from now on
                 quiet, self._connect_quiet = self._connect_quiet, False
                 self._lock.notify_all()  # the spool thread, if any, hands over its backlog
+            self._announce_all()
         # "resending": handed to paho again, not yet acknowledged by the broker
         logger.log(logging.DEBUG if quiet else logging.INFO, "MQTT: connected to %s%s",
                    self.broker, f", resending {replayed} waiting message(s)" if replayed else "")

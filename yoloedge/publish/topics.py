@@ -6,6 +6,7 @@ Layout (see docs/mqtt.md)::
     {prefix}/{device_id}/cameras/{camera}/detections  QoS mqtt.qos
     {prefix}/{device_id}/cameras/{camera}/state       retained, QoS mqtt.qos
     {prefix}/{device_id}/stats                        QoS mqtt.qos
+    {prefix}/{device_id}/cameras/{camera}/objects     retained, QoS 1 (Home Assistant only)
 
 Names are checked here because a camera called "a/b" or "cam+1" would silently publish to
 another topic level, or make the broker reject the publish as a wildcard topic.
@@ -55,6 +56,11 @@ def camera_state_topic(prefix: str, device_id: str, camera: str) -> str:
     return f"{_camera_base(prefix, device_id, camera)}/state"
 
 
+def camera_objects_topic(prefix: str, device_id: str, camera: str) -> str:
+    """Retained {label: count} of the objects `camera` sees (Home Assistant discovery only)."""
+    return f"{_camera_base(prefix, device_id, camera)}/objects"
+
+
 def stats_topic(prefix: str, device_id: str) -> str:
     """Periodic counters of the whole device."""
     return f"{_prefix(prefix)}/{_level(device_id, 'device id')}/stats"
@@ -88,3 +94,6 @@ class Topics:
 
     def camera_state(self, camera: str) -> str:
         return camera_state_topic(self.prefix, self.device_id, camera)
+
+    def camera_objects(self, camera: str) -> str:
+        return camera_objects_topic(self.prefix, self.device_id, camera)
