@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import Generator
 
 from ..errors import YoloedgeError
 from .protocol import MAX_REPLY_DEPTH, MalformedMessage, decode_object, encode
@@ -50,6 +51,43 @@ def request(path: str, payload: dict, timeout: float = 5.0) -> dict:
         except OSError as exc:
             raise ControlError(f"lost the connection to yoloedge at {path}: {exc}") from exc
     return _decode(reply, path)
+
+
+def stream(path: str, payload: dict, timeout: float = 5.0) -> Generator[dict, None, None]:
+    """Send `payload` (a streaming command: `watch`) and yield the daemon's reply, then every line
+    it sends after it, until it closes the connection (or the caller stops iterating).
+
+    `timeout` bounds the connection and the first reply only: a quiet camera may send nothing
+    for hours. Raises what `request` raises.
+    """
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        _connect(sock, path, deadline)
+        buffer = bytearray()
+        answered = False
+        try:
+            sock.settimeout(_left(deadline))
+            sock.sendall(encode(payload))
+            while True:
+                sock.settimeout(None if answered else _left(deadline))
+                chunk = sock.recv(65536)
+                if not chunk:
+                    if not answered:
+                        raise ControlError(f"yoloedge closed the connection on {path} without answering")
+                    return
+                buffer += chunk
+                while (newline := buffer.find(b"\n")) >= 0:
+                    line = bytes(buffer[:newline])
+                    del buffer[:newline + 1]
+                    answered = True
+                    yield _decode(line, path)
+                if len(buffer) > MAX_REPLY_BYTES:
+                    raise ControlError(f"a line from yoloedge is larger than {MAX_REPLY_BYTES} bytes")
+        except socket.timeout as exc:
+            raise ControlError(f"yoloedge did not answer on {path} within {timeout:g} s") from exc
+        except OSError as exc:
+            raise ControlError(f"lost the connection to yoloedge at {path}: {exc}") from exc
 
 
 #: pause between connection attempts while the daemon's accept queue is full.

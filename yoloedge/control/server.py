@@ -30,6 +30,12 @@ Pipelined lines are served by a loop, never by recursion: a reply that cannot be
 resumes the loop only when the socket becomes writable. A connection that sends
 `MAX_MALFORMED_LINES` malformed lines is answered and closed: no client of the protocol does
 that, and the lines behind it are more of the same.
+
+Streaming commands (`streams=`, e.g. `watch`, see `control.watch`) are opened on the I/O thread and
+hold no handler: after the first reply the connection carries the stream's lines, written by the
+I/O thread as the socket takes them (its send buffer kept small), until the client disconnects. A
+watcher that stops reading fills its own bounded queue, which drops its oldest lines; nothing waits
+for it, so `status` and the pipeline go on.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping, Protocol
 
 from .instance import (AlreadyRunning, ControlServerError, InstanceLock, lock_path,
                        remove_stale_socket)
@@ -73,6 +79,24 @@ MAX_WAIT_S = 0.25
 ACCEPT_PAUSE_S = 0.05
 ACCEPT_WARN_EVERY_S = 10.0
 _RECV_BYTES = 65536
+#: a stream moves at most this much into a connection's outbox at a time.
+STREAM_CHUNK_BYTES = 64 * 1024
+#: kernel send buffer of a streaming connection: what a stuck watcher can pin besides its queue.
+STREAM_SNDBUF_BYTES = 32 * 1024
+
+
+class Stream(Protocol):
+    """What a streaming command (`watch`) turns its connection into, after its first reply: the
+    I/O thread takes its lines as the socket accepts them, and closes it with the connection."""
+
+    def take(self, max_bytes: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+#: streams[cmd](request, wake) -> (first reply, Stream or None when refused). Runs on the I/O
+#: thread, so it must be quick; the stream calls `wake()` when lines arrive in an empty queue.
+StreamOpener = Callable[[dict, Callable[[], None]], "tuple[dict, Stream | None]"]
 
 
 class Lane(Enum):
@@ -86,6 +110,7 @@ class Phase(Enum):
     QUEUED = "queued"  # parsed, waiting for a free handler
     HANDLING = "handling"  # a handler thread is computing the reply
     WRITING = "writing"  # sending the reply
+    STREAMING = "streaming"  # after a stream's first reply: its lines, until the client leaves
 
 
 @dataclass(eq=False)
@@ -101,6 +126,7 @@ class _Connection:
     request: dict | None = None  # while QUEUED
     lane: Lane = Lane.QUICK  # of the request queued or being handled
     malformed: int = 0  # malformed lines so far
+    stream: Stream | None = None  # a streaming command's subscription
 
 
 class ControlServer:
@@ -117,7 +143,8 @@ class ControlServer:
 
     def __init__(self, path: str, mode: int, handler: Handler, *,
                  client_timeout_s: float = 5.0, clock: Clock = time.monotonic,
-                 instance: InstanceLock | None = None, slow: frozenset[str] = frozenset()) -> None:
+                 instance: InstanceLock | None = None, slow: frozenset[str] = frozenset(),
+                 streams: Mapping[str, StreamOpener] | None = None) -> None:
         self.path = path
         self.mode = mode
         self.handler = handler
@@ -127,6 +154,7 @@ class ControlServer:
         self._owns_instance = instance is None
         self._instance = instance or InstanceLock(path)
         self.slow = slow
+        self.streams = dict(streams or {})
         self._listener: socket.socket | None = None
         self._identity: tuple[int, int] | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None
@@ -231,6 +259,7 @@ class ControlServer:
                   wake: socket.socket) -> None:
         ready = selector.select(self._wait_s())
         self._collect_replies()  # first: finished handlers free their slots
+        self._pump_streams()
         # Connections before the listener: a request already sent is read before a burst of new
         # connections can make room by dropping its connection.
         for key, events in sorted(ready, key=lambda pair: pair[0].data is listener):
@@ -251,13 +280,15 @@ class ControlServer:
                 if events & selectors.EVENT_WRITE and target.phase is Phase.WRITING:
                     self._flush(target)
                     self._next_request(target)
+                if target.phase is Phase.STREAMING and not target.closed:
+                    self._on_stream_ready(target, events)
             except OSError as exc:
                 log.debug("control client connection failed: %s", exc)
                 self._close(target)
 
     def _wait_s(self) -> float | None:
         deadlines = [c.since + self.client_timeout_s for c in self._connections
-                     if c.phase is not Phase.HANDLING]
+                     if c.phase not in (Phase.HANDLING, Phase.STREAMING)]
         if not deadlines:
             return None  # a handler's reply arrives with a poke
         return min(MAX_WAIT_S, max(0.0, min(deadlines) - self.clock()))
@@ -339,6 +370,10 @@ class ControlServer:
                 error += f"; {MAX_MALFORMED_LINES} malformed requests, closing the connection"
                 close = True
             self._reply(conn, _error(error), close=close)
+            return
+        opener = self.streams.get(request["cmd"])
+        if opener is not None:
+            self._open_stream(conn, request, opener, close)
             return
         conn.close_after = close
         conn.lane = Lane.SLOW if request["cmd"] in self.slow else Lane.QUICK
@@ -431,15 +466,76 @@ class ControlServer:
         if conn.close_after:
             self._close(conn)
             return
+        if conn.stream is not None:  # a stream's first reply is out: its lines follow
+            conn.phase = Phase.STREAMING
+            self._pump(conn)
+            return
         conn.phase = Phase.READING
         conn.since = self.clock()
+        self._watch(conn)
+
+    # -- streams (see `Stream`) ---------------------------------------------------------------
+    def _open_stream(self, conn: _Connection, request: dict, opener: StreamOpener, close: bool) -> None:
+        """Opened here on the I/O thread, not by a handler: opening is a lookup and a queue, and a
+        stream must not hold a handler slot for its whole life."""
+        if close:  # the client has shut its side: its leaving could not be noticed
+            self._reply(conn, _error(f"{quoted_name(request['cmd'])} streams until the client disconnects; "
+                                     "keep the connection open"), close=True)
+            return
+        wake = self._wake
+        try:
+            reply, stream = opener(request, (lambda: _poke(wake[1])) if wake is not None else (lambda: None))
+        except Exception as exc:  # noqa: BLE001 -- one bad request must not kill the server
+            log.exception("control request %r failed", request.get("cmd"))
+            reply, stream = _error(f"internal error: {type(exc).__name__}: {exc}"), None
+        if stream is not None:
+            conn.stream = stream
+            try:
+                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SNDBUF_BYTES)
+            except OSError as exc:
+                log.debug("control socket: cannot bound a stream's send buffer: %s", exc)
+        self._reply(conn, reply, close=False)
+        self._next_request(conn)
+
+    def _pump_streams(self) -> None:
+        for conn in list(self._connections):
+            if conn.phase is Phase.STREAMING and not conn.closed:
+                try:
+                    self._pump(conn)
+                except OSError as exc:
+                    log.debug("control stream client went away: %s", exc)
+                    self._close(conn)
+
+    def _on_stream_ready(self, conn: _Connection, events: int) -> None:
+        if events & selectors.EVENT_READ and _client_left(conn.sock):
+            self._close(conn)
+            return
+        if events & selectors.EVENT_WRITE:
+            self._pump(conn)
+
+    def _pump(self, conn: _Connection) -> None:
+        """Move the stream's lines to the socket until it is empty or the socket is full; never
+        blocks. A watcher that stops reading keeps its outbox, and its queue drops lines."""
+        stream = conn.stream
+        while stream is not None:
+            if not conn.outbox:
+                conn.outbox = stream.take(STREAM_CHUNK_BYTES)
+                if not conn.outbox:
+                    break
+            try:
+                sent = conn.sock.send(conn.outbox)
+            except BlockingIOError:
+                break
+            conn.outbox = conn.outbox[sent:]
+            if conn.outbox:
+                break
         self._watch(conn)
 
     def _expire(self) -> None:
         """Apply the per-request deadline: answer a partial request, drop everything else."""
         now = self.clock()
         for conn in list(self._connections):
-            if conn.phase is Phase.HANDLING or now - conn.since < self.client_timeout_s:
+            if conn.phase in (Phase.HANDLING, Phase.STREAMING) or now - conn.since < self.client_timeout_s:
                 continue
             if conn.phase is Phase.QUEUED:
                 self._queued[conn.lane].remove(conn)
@@ -461,6 +557,8 @@ class ControlServer:
         if selector is None or conn.closed:
             return
         wanted = {Phase.READING: selectors.EVENT_READ, Phase.WRITING: selectors.EVENT_WRITE}.get(conn.phase, 0)
+        if conn.phase is Phase.STREAMING:  # reading only to notice the client leaving
+            wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbox else 0)
         try:
             registered = selector.get_key(conn.sock).events
         except KeyError:
@@ -478,6 +576,9 @@ class ControlServer:
         if conn.closed:
             return
         conn.closed = True
+        if conn.stream is not None:
+            conn.stream.close()
+            conn.stream = None
         if conn.phase is Phase.QUEUED:
             self._queued[conn.lane].remove(conn)
         if self._selector is not None:
@@ -523,6 +624,15 @@ def _try_send(sock: socket.socket, reply: dict) -> None:
         sock.send(encode(reply))
     except OSError as exc:
         log.debug("could not send a rejection to a control client: %s", exc)
+
+
+def _client_left(sock: socket.socket) -> bool:
+    """A streaming client sends nothing after its request: what it does send is discarded; EOF
+    means it has gone."""
+    try:
+        return not sock.recv(_RECV_BYTES)
+    except BlockingIOError:
+        return False
 
 
 def _poke(sock: socket.socket) -> None:
