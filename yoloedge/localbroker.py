@@ -37,7 +37,10 @@ def start_broker(binary: str, workdir: Path, port: int) -> subprocess.Popen:
     if os.geteuid() == 0:
         lines.append("user root")  # else it drops to 'mosquitto', which cannot read our temp dir
     conf.write_text("\n".join(lines) + "\n")
-    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # its own session: a Ctrl-C meant for the demo or a benchmark must not take the broker away
+    # before they have finished (they stop it themselves)
+    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:

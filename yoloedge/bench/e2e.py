@@ -76,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"  the ratio is the median over the {len(steady)} of {len(daemons)} daemon windows whose bare "
           f"neighbours agree within {100 * STEADY:.0f}%")
     if ultra is None:
-        print(f"  {'Ultralytics predict':42}{'not installed':>9}")
+        print(f"  {'Ultralytics predict':42}n/a (not installed: ultralytics)")
     else:
         print(f"  {'Ultralytics predict (same clip)':42}{ultra:9.2f}  {ultra / statistics.median(bares):7.2f}x")
     return 0

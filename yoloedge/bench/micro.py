@@ -21,6 +21,12 @@ class Timing:
     median_ms: float
     p90_ms: float
     note: str = ""
+    #: the package a peer needs and this host lacks: the row says so instead of timing anything
+    missing: str | None = None
+
+    @classmethod
+    def not_installed(cls, name: str, package: str) -> "Timing":
+        return cls(name, float("nan"), float("nan"), missing=package)
 
 
 def measure(name: str, fn: Callable[[], object], repeat: int, note: str = "") -> Timing:
@@ -36,12 +42,17 @@ def measure(name: str, fn: Callable[[], object], repeat: int, note: str = "") ->
 
 
 def format_table(title: str, rows: list[Timing]) -> str:
-    base = rows[0].median_ms if rows else 1.0
+    """The rows under `title`, each against the first; a peer that is not installed reads
+    "n/a (not installed: torchvision)", not a column of `nan` that looks like a failed measurement."""
+    base = rows[0].median_ms if rows and rows[0].missing is None else 0.0
     width = max(len(r.name) for r in rows) if rows else 10
     lines = [title, f"  {'':<{width}}  {'median ms':>9}  {'p90 ms':>8}  {'vs first':>8}"]
     for r in rows:
-        ratio = r.median_ms / base if base else float("nan")
-        lines.append(f"  {r.name:<{width}}  {r.median_ms:>9.3f}  {r.p90_ms:>8.3f}  {ratio:>7.2f}x"
+        if r.missing is not None:
+            lines.append(f"  {r.name:<{width}}  n/a (not installed: {r.missing})")
+            continue
+        ratio = f"{r.median_ms / base:>7.2f}x" if base else f"{'n/a':>8}"
+        lines.append(f"  {r.name:<{width}}  {r.median_ms:>9.3f}  {r.p90_ms:>8.3f}  {ratio}"
                      + (f"  {r.note}" if r.note else ""))
     return "\n".join(lines)
 
@@ -112,7 +123,7 @@ def bench_decode_nms(output: np.ndarray, conf: float, iou: float, repeat: int) -
         import torch
         import torchvision
     except Exception:  # noqa: BLE001 - optional peer, any import failure means "not available"
-        rows.append(Timing("torchvision.ops.batched_nms", float("nan"), float("nan"), "not installed"))
+        rows.append(Timing.not_installed("torch decode + torchvision batched_nms", "torchvision"))
         return rows
     t_out = torch.from_numpy(np.ascontiguousarray(output))
 

@@ -14,21 +14,32 @@ from ..sources.imagesize import read_image
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="benchmarks: ours next to plain OpenCV, torchvision, bare ORT")
+    p = sub.add_parser("bench", help="benchmarks: ours next to plain OpenCV, torchvision, bare ORT",
+                       description="Side-by-side timings (not tests): each stage or the whole daemon next to "
+                                   "what it replaces, measured in one run on this host. `yoloedge bench KIND "
+                                   "--help` describes each kind.")
     bsub = p.add_subparsers(dest="bench", metavar="KIND")
     bsub.required = True
-    micro = bsub.add_parser("micro", help="letterbox and decode+NMS micro-benchmarks")
+    micro = bsub.add_parser("micro", help="letterbox and decode+NMS micro-benchmarks",
+                            description="Times the letterbox into the model's input buffer against plain "
+                                        "OpenCV resize+pad+transpose and cv2.dnn.blobFromImage, and the v8 "
+                                        "decode + NMS on the model's real output against NumPy + "
+                                        "cv2.dnn.NMSBoxesBatched and (when installed) torchvision. Medians "
+                                        "and 90th percentiles in ms over --repeat runs after a warm-up.")
     micro.add_argument("--model", required=True,
                        help="a v8-layout ONNX model at 640 (its real output feeds the decode benchmark)")
     micro.add_argument("--image", help="image to use (default: a synthetic textured frame)")
     micro.add_argument("--width", type=int, default=1920, help="frame width for letterbox (default 1920)")
     micro.add_argument("--height", type=int, default=1080, help="frame height (default 1080)")
-    micro.add_argument("--repeat", type=int, default=300)
+    micro.add_argument("--repeat", type=int, default=300, help="timed runs per row (default 300)")
     micro.set_defaults(func=run_micro)
-    model = bsub.add_parser("model", help="whole detect() against the bare ONNX Runtime session")
-    model.add_argument("--model", required=True)
+    model = bsub.add_parser("model", help="whole detect() against the bare ONNX Runtime session",
+                            description="Times yoloedge's whole detect() (letterbox, run, decode, NMS) and "
+                                        "its backend.run alone against a bare ONNX Runtime session.run on "
+                                        "the same input, on the CPU: what yoloedge adds around the model.")
+    model.add_argument("--model", required=True, help="an ONNX detection model")
     model.add_argument("--image", help="image to use (default: synthetic)")
-    model.add_argument("--repeat", type=int, default=30)
+    model.add_argument("--repeat", type=int, default=30, help="timed runs per row (default 30)")
     model.add_argument("--threads", type=int, default=0, help="intra-op threads (0: ORT default)")
     model.set_defaults(func=run_model)
     from ..bench import clips, decode, e2e, pipeline

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Mapping, TextIO
 
+from ..backends.ort_install import config_clash
 from ..config import Config
 from ..config.catalogue import CATALOGUE
 from ..config.errors import EX_CONFIG, ConfigError, ConfigIssue
@@ -66,6 +67,9 @@ def runtime_notes(config: Config) -> list[str]:
         if missing is not None:
             notes.append(f"accelerator {accelerator.name} (backend {accelerator.backend}): the module {missing!r} "
                          f"is not installed here, so its workers would fail to start; install: {install}")
+    clash = config_clash(a.backend for a in config.accelerators)
+    if clash is not None:
+        notes.append(f"ONNX Runtime: {clash}")
     return notes
 
 

@@ -2,9 +2,13 @@
 
     yoloedge-ctl [--socket PATH | -c CONFIG] [--timeout S] status [--json]
     yoloedge-ctl [--socket PATH | -c CONFIG] [--timeout S] reload
+    yoloedge-ctl [--socket PATH | -c CONFIG] watch [CAMERA] [--json]   (see `cli.ctl_live`)
+    yoloedge-ctl [--socket PATH | -c CONFIG] snapshot CAMERA -o FILE.jpg
 
-With `-c CONFIG` the socket path is the config file's `control.socket` (default
-/run/yoloedge/control.sock).
+The global options go before or after the command (`yoloedge-ctl status -c CONFIG`). With
+`-c CONFIG` the socket path is the config file's `control.socket`; without it (or without -c),
+$XDG_RUNTIME_DIR/yoloedge/control.sock where this user's daemon made it, else
+/run/yoloedge/control.sock (see `yoloedge.control.location`).
 
 Exit codes follow the LSB status convention:
     0  running and healthy (reload: accepted)
@@ -60,15 +64,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
 
 from ..config.schema import ControlConfig
 from ..control.client import ControlError, NotRunning, PermissionDenied, request
+from ..control.location import client_socket
 from ..redact import redact_text
 from ..textsafe import printable
+from . import ctl_live
 
 DEFAULT_SOCKET = ControlConfig().socket
 
@@ -89,20 +96,38 @@ class ConfigFileError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="yoloedge-ctl",
+    parser = argparse.ArgumentParser(prog="yoloedge-ctl", parents=[global_options()],
                                      description="Inspect or reload a running yoloedge daemon.")
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--socket", help=f"control socket (default {DEFAULT_SOCKET})")
-    where.add_argument("-c", "--config", help="read the control socket path from this config file")
-    parser.add_argument("--timeout", type=_seconds, default=None,
-                        help=f"seconds to wait for the daemon (default {STATUS_TIMEOUT_S:g}; "
-                             f"reload {RELOAD_TIMEOUT_S:g})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    status = sub.add_parser("status", help="daemon, accelerators, cameras and MQTT at a glance")
+    status = sub.add_parser("status", parents=[global_options(after_command=True)],
+                            help="daemon, accelerators, cameras and MQTT at a glance")
     status.add_argument("--json", action="store_true", help="print the daemon's status as JSON")
-    sub.add_parser("reload", help="re-read the config file (like systemctl reload)")
+    sub.add_parser("reload", parents=[global_options(after_command=True)],
+                   help="re-read the config file (like systemctl reload)")
+    ctl_live.add_parsers(sub, global_options)
     return parser
+
+
+def global_options(after_command: bool = False) -> argparse.ArgumentParser:
+    """--socket, -c and --timeout, for `parents=` of the top parser and of every subcommand, so
+    that `yoloedge-ctl status -c FILE` works as well as `yoloedge-ctl -c FILE status`.
+
+    After the command the defaults are SUPPRESS: argparse copies a subparser's defaults over what
+    the top parser already read, which would silently drop `-c FILE status`'s FILE.
+    """
+    default = argparse.SUPPRESS if after_command else None
+    options = argparse.ArgumentParser(add_help=False)
+    where = options.add_mutually_exclusive_group()
+    where.add_argument("--socket", default=default,
+                       help="control socket (default: the config's control.socket, else "
+                            f"{DEFAULT_SOCKET} or $XDG_RUNTIME_DIR/yoloedge/control.sock)")
+    where.add_argument("-c", "--config", default=default,
+                       help="read the control socket path from this config file")
+    options.add_argument("--timeout", type=_seconds, default=default,
+                         help=f"seconds to wait for the daemon (default {STATUS_TIMEOUT_S:g}; "
+                              f"reload {RELOAD_TIMEOUT_S:g})")
+    return options
 
 
 def _seconds(text: str) -> float:
@@ -116,8 +141,9 @@ def _seconds(text: str) -> float:
     return value
 
 
-def socket_from_config(path: str) -> str:
-    """`control.socket` from the YAML at `path`; the default when the key is absent.
+def socket_from_config(path: str, environ: Mapping[str, str] | None = None) -> str:
+    """`control.socket` from the YAML at `path`; where the key is absent, the socket a daemon
+    without it uses (`control.location.client_socket`, from `environ`, default os.environ).
 
     Reads only that key: ctl must work even when the rest of the file would not validate
     (that is exactly when an operator needs `status` to see the reload error).
@@ -129,16 +155,14 @@ def socket_from_config(path: str) -> str:
         raise ConfigFileError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigFileError(f"config file {path} is not valid YAML: {exc}") from exc
-    if document is None:
-        return DEFAULT_SOCKET
-    if not isinstance(document, dict):
+    if document is not None and not isinstance(document, dict):
         raise ConfigFileError(f"config file {path}: expected a mapping at the top level")
-    control = document.get("control")
-    if control is None:
-        return DEFAULT_SOCKET
-    if not isinstance(control, dict):
+    control = (document or {}).get("control")
+    if control is not None and not isinstance(control, dict):
         raise ConfigFileError(f"config file {path}: `control` must be a mapping")
-    socket_path = control.get("socket", DEFAULT_SOCKET)
+    if control is None or "socket" not in control:
+        return client_socket(os.environ if environ is None else environ)
+    socket_path = control["socket"]
     if not isinstance(socket_path, str) or not socket_path:
         raise ConfigFileError(f"config file {path}: `control.socket` must be a path")
     return socket_path
@@ -306,15 +330,21 @@ def _reload(socket_path: str, timeout: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.socket and args.config:  # one on each side of the command: the group cannot see both
+        parser.error("argument -c/--config: not allowed with argument --socket")
     try:
-        socket_path = args.socket or (socket_from_config(args.config) if args.config else DEFAULT_SOCKET)
+        socket_path = args.socket or (socket_from_config(args.config) if args.config
+                                      else client_socket(os.environ))
     except ConfigFileError as exc:
         print(f"yoloedge-ctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
         if args.command == "status":
             return _status(socket_path, args.timeout or STATUS_TIMEOUT_S, args.json)
+        if args.command in ("watch", "snapshot"):
+            return ctl_live.run(args, socket_path)
         return _reload(socket_path, args.timeout or RELOAD_TIMEOUT_S)
     except NotRunning as exc:
         print(f"yoloedge-ctl: {exc}", file=sys.stderr)

@@ -1,5 +1,6 @@
 """`yoloedge demo`: the daemon on the CPU with the demo model and camera, a private mosquitto on a
-free port, and a subscriber that prints detections as they arrive; then `yoloedge-ctl status`.
+free port, and a subscriber that prints one short line per detection message as it arrives; at the
+end (after --seconds, or on Ctrl-C) the output of `yoloedge-ctl status`, where it stays on screen.
 
 Everything lives in a temporary directory and is torn down on Ctrl-C (or after --seconds).
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from ..localbroker import HOST, find_mosquitto, free_port, start_broker
+from ..textsafe import printable
 from . import LABELS, MODEL, clip_path
 
 
@@ -32,7 +35,8 @@ def add_parser(sub) -> None:
     p.add_argument("--model", help="model instead of the demo model (its labels from metadata or --labels)")
     p.add_argument("--labels", help="labels file for --model")
     p.add_argument("--fps", type=float, default=10, help="frames per second to process (default 10)")
-    p.add_argument("--status-after", type=float, default=5, help="print yoloedge-ctl status after N s")
+    p.add_argument("--status-after", type=float, default=None,
+                   help="also print yoloedge-ctl status after N s (it is always printed at the end)")
     p.set_defaults(func=run)
 
 
@@ -69,6 +73,8 @@ class Printer:
         from paho.mqtt.enums import CallbackAPIVersion
 
         self.count = 0
+        #: cleared before the status table, so it stays on screen; the daemon's "stopped" still shows
+        self.show_detections = True
         self._lock = threading.Lock()
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="yoloedge-demo-viewer")
         self.client.on_connect = lambda c, u, f, rc, p: c.subscribe([("yoloedge/demo/#", 1)])
@@ -81,11 +87,11 @@ class Printer:
             return
         payload = json.loads(message.payload)
         if message.topic.endswith("/detections"):
-            found = ", ".join(f"{d['label']} {d['score']:.2f} at {[round(v) for v in d['box']]}"
-                              for d in payload["detections"]) or "nothing"
-            line = f"[{payload['camera']} frame {payload['frame']:>5}  {payload['latency_ms']:6.1f} ms] {found}"
+            line = detection_line(payload, shutil.get_terminal_size().columns)
             with self._lock:
                 self.count += 1
+            if not self.show_detections:
+                return
         elif message.topic.endswith("/status") or message.topic.endswith("/state"):
             line = f"== {message.topic}: {payload.get('state')}" + (
                 f" ({payload['reason']})" if payload.get("reason") else "")
@@ -96,6 +102,28 @@ class Printer:
     def stop(self) -> None:
         self.client.loop_stop()
         self.client.disconnect()
+
+
+#: at most this many objects are named on one detection line; the rest are counted ("+4 more")
+OBJECTS_PER_LINE = 3
+
+
+def detection_line(payload: dict, width: int = 120, limit: int = OBJECTS_PER_LINE) -> str:
+    """'[demo frame    12  latency 41.5 ms] circle 0.97 [190,122,272,203], ... +4 more': the best-
+    scored objects, as many as fit `width` columns (one at least, `limit` at most), boxes as
+    x1,y1,x2,y2 in source pixels. A busy frame used to make a line of some 300 characters that
+    wrapped, and the bare latency figure had no unit."""
+    detections = sorted(payload["detections"], key=lambda d: -d["score"])
+    head = f"[{payload['camera']} frame {payload['frame']:>5}  latency {payload['latency_ms']:6.1f} ms]"
+    if not detections:
+        return printable(f"{head} nothing")
+    named = [f"{d['label']} {d['score']:.2f} [{','.join(str(round(v)) for v in d['box'])}]" for d in detections]
+    for count in range(min(limit, len(named)), 0, -1):
+        more = f" +{len(named) - count} more" if len(named) > count else ""
+        line = printable(f"{head} {', '.join(named[:count])}{more}")
+        if len(line) <= width:
+            break
+    return line
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,25 +147,30 @@ def _run_in(workdir: Path, binary: str, args: argparse.Namespace) -> int:
     print(f"demo: broker on {HOST}:{port}; config {config_path}; Ctrl-C to stop", flush=True)
     printer = Printer(port)
     env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
-    daemon = subprocess.Popen([sys.executable, "-m", "yoloedge", "run", "-c", str(config_path)], env=env)
+    # Its own session: Ctrl-C goes to the terminal's whole process group, and the daemon must
+    # still answer the status request the demo makes before it stops it.
+    daemon = subprocess.Popen([sys.executable, "-m", "yoloedge", "run", "-c", str(config_path)], env=env,
+                              start_new_session=True)
     stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *a: stop.set())
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    signal.signal(signal.SIGHUP, lambda *a: stop.set())  # a closed terminal: the daemon stops too
     started = time.monotonic()
     status_shown = False
     try:
         while not stop.is_set() and daemon.poll() is None:
             elapsed = time.monotonic() - started
-            if not status_shown and elapsed >= args.status_after:
+            if not status_shown and args.status_after is not None and elapsed >= args.status_after:
                 status_shown = _print_status(workdir / "control.sock")
             if args.seconds and elapsed >= args.seconds:
                 break
             stop.wait(0.2)
     finally:
         signal.signal(signal.SIGINT, previous)
-        if not status_shown:
-            _print_status(workdir / "control.sock")
+        printer.show_detections = False  # no more detection lines: the table below stays on screen
+        _print_status(workdir / "control.sock")
         code = _stop_daemon(daemon)
+        time.sleep(0.3)  # the daemon's last retained "stopped" on its way to the printer
         printer.stop()
         broker.terminate()
         broker.wait(5)
