@@ -11,6 +11,7 @@ SYSTEM_PACKAGES=(
   gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-rtsp gstreamer1.0-libav
   libgirepository1.0-dev libcairo2-dev
   systemd systemd-container
+  chromium
 )
 
 ensure_system_packages() {

@@ -18,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from ..config.schema import HttpConfig
 from ..pipeline.snapshots import SnapshotStore
 from .metrics import Meters, new_registry
+from .page import icon, status_page
 from .server import BasicAuth, HttpServer, Request, Response, Router, text_response
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ class HttpEndpoint:
         self.router.add("/metrics", self._metrics)
         self.router.add("/api/status", self._api_status)
         self.router.add_prefix(CAMERA_IMAGES, self._camera_image)
+        self.router.add("/", status_page)  # the status page and its icon (web.page)
+        self.router.add("/favicon.ico", icon)
         self.config: HttpConfig | None = None
         self.server: HttpServer | None = None
 
@@ -56,7 +59,7 @@ class HttpEndpoint:
         server.start()
         self.server = server
         shown = f"[{host}]" if ":" in host else host
-        log.info("HTTP endpoint on http://%s:%d (/metrics, /api/status)%s", shown, server.address[1],
+        log.info("HTTP endpoint on http://%s:%d (/, /metrics, /api/status)%s", shown, server.address[1],
                  ", basic auth" if self.router.auth else "")
 
     def apply(self, new: HttpConfig) -> None:

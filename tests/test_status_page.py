@@ -1,0 +1,297 @@
+"""The status page (`GET /`) in a real headless Chromium against the real daemon (mosquitto, the
+shared model and video): it loads without console errors (CSP violations and failed requests
+included), shows every configured camera under its exact name, and the frame it displays has
+the boxes of the detections published on MQTT for that frame.
+
+Chromium is driven through its DevTools protocol over `--remote-debugging-pipe` (NUL-separated
+JSON on file descriptors 3 and 4): a few dozen lines, no browser-automation package, no port.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+import cv2
+import numpy as np
+import pytest
+
+from conftest import skip_unless_required
+from fixtures_media import free_port
+import test_daemon
+from test_daemon import base_config, detections_by_frame
+from test_snapshots import clear_patch, edge_pixels
+
+notify, start_daemon = test_daemon.notify, test_daemon.start_daemon  # the daemon tests' fixtures
+VIDEO = "indoor_people_480p_mpeg4.avi"
+FRAMES = 84
+#: a camera name that markup would change: `<b>` would become an element and `&amp;` an `&`
+ODD_NAME = '<b>porch&amp;"x"?%23\u00e9'
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", "--remote-debugging-pipe")
+
+
+class CdpError(RuntimeError):
+    pass
+
+
+class Chromium:
+    """A headless Chromium and one page of it, spoken to over the DevTools pipe."""
+
+    def __init__(self, profile: Path):
+        binary = shutil.which("chromium") or shutil.which("chromium-browser")
+        if binary is None:
+            skip_unless_required("chromium not installed (apt-get install chromium)", "YOLOEDGE_REQUIRE_CHROMIUM")
+        commands_r, self._commands = _above_4(os.pipe())
+        self._replies, replies_w = _above_4(os.pipe())
+        # the browser reads commands on fd 3 and writes replies on fd 4
+        self.proc = subprocess.Popen(
+            ["bash", "-c", f'exec "$0" "$@" 3<&{commands_r} 4>&{replies_w} {commands_r}<&- {replies_w}>&-',
+             binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
+            pass_fds=(commands_r, replies_w), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        os.close(commands_r)
+        os.close(replies_w)
+        self._next_id = 0
+        self._results: dict[int, dict] = {}
+        self.events: list[dict] = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Runtime", "Log", "Page"):
+            self.send(f"{domain}.enable", session=self.session)
+
+    def _read(self) -> None:
+        buffer = b""
+        while chunk := os.read(self._replies, 1 << 16):
+            buffer += chunk
+            *messages, buffer = buffer.split(b"\0")
+            with self._cond:
+                for raw in messages:
+                    message = json.loads(raw)
+                    if "id" in message:
+                        self._results[message["id"]] = message
+                    else:
+                        self.events.append(message)
+                self._cond.notify_all()
+
+    def send(self, method: str, params: dict | None = None, session: str | None = None,
+             timeout: float = 30.0) -> dict:
+        with self._cond:
+            self._next_id += 1
+            ident = self._next_id
+        message: dict[str, Any] = {"id": ident, "method": method, "params": params or {}}
+        if session:
+            message["sessionId"] = session
+        os.write(self._commands, json.dumps(message).encode() + b"\0")
+        with self._cond:
+            if not self._cond.wait_for(lambda: ident in self._results, timeout):
+                raise CdpError(f"{method}: no reply within {timeout} s")
+            reply = self._results.pop(ident)
+        if "error" in reply:
+            raise CdpError(f"{method}: {reply['error']}")
+        return reply["result"]
+
+    def evaluate(self, expression: str) -> Any:
+        result = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                                "awaitPromise": True}, session=self.session)
+        if "exceptionDetails" in result:
+            raise CdpError(f"{expression[:60]}...: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def wait_until(self, expression: str, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = self.evaluate(expression)
+            if value:
+                return value
+            time.sleep(0.2)
+        raise TimeoutError(f"not true within {timeout} s: {expression}")
+
+    def errors(self) -> list[str]:
+        """Uncaught exceptions, console.error/assert calls, and the browser's own error entries
+        (failed requests, CSP violations)."""
+        with self._cond:
+            events = list(self.events)
+        found = []
+        for event in events:
+            method, params = event.get("method"), event.get("params", {})
+            if method == "Runtime.exceptionThrown":
+                found.append(json.dumps(params["exceptionDetails"])[:500])
+            elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+                found.append(json.dumps(params.get("args"))[:500])
+            elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
+                found.append(f"{params['entry'].get('source')}: {params['entry'].get('text')} "
+                             f"{params['entry'].get('url', '')}")
+        return found
+
+    def close(self) -> None:
+        try:
+            self.send("Browser.close", timeout=5)
+        except (CdpError, OSError):
+            self.proc.kill()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        os.close(self._commands)
+        self._reader.join(5)
+        os.close(self._replies)
+
+
+def _above_4(fds: tuple[int, int]) -> tuple[int, int]:
+    """The pipe's ends moved above 4, so that the shell's `3<&N 4>&M` cannot overwrite one with
+    the other."""
+    moved = tuple(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in fds)
+    for fd in fds:
+        os.close(fd)
+    return moved[0], moved[1]
+
+
+@pytest.fixture()
+def chromium(tmp_path):
+    browser = Chromium(tmp_path / "chromium-profile")
+    yield browser
+    browser.close()
+
+
+def http_get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+            return reply.status, dict(reply.headers), reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.25)
+
+
+def camera_card(name: str) -> str:
+    """A JS expression for the card of camera `name` (found by its data attribute, not by markup)."""
+    return f"[...document.querySelectorAll('.camera')].find((c) => c.dataset.camera === {json.dumps(name)})"
+
+
+def shown_image(browser: Chromium, name: str) -> tuple[str, np.ndarray] | None:
+    """The `src` and the pixels of the image the page shows for `name`, taken from the DOM
+    (drawn on a canvas: exactly what the browser decoded and displays)."""
+    value = browser.evaluate(f"""(() => {{
+        const img = {camera_card(name)}.querySelector('img');
+        if (!img.complete || img.naturalWidth === 0 || img.classList.contains('hidden')) return null;
+        const canvas = document.createElement('canvas');
+        canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
+        canvas.getContext('2d').drawImage(img, 0, 0);
+        return [img.getAttribute('src'), canvas.toDataURL('image/png')];
+    }})()""")
+    if value is None:
+        return None
+    src, data_url = value
+    png = base64.b64decode(data_url.split(",", 1)[1])
+    return src, cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR)
+
+
+def video_frames(path: Path) -> list[np.ndarray]:
+    cap = cv2.VideoCapture(str(path))
+    frames = []
+    while True:
+        ok, image = cap.read()
+        if not ok:
+            break
+        frames.append(image)
+    cap.release()
+    return frames
+
+
+@pytest.mark.shared
+def test_status_page_in_chromium_shows_every_camera_and_the_published_boxes(
+        tmp_path, models, media, mosquitto, subscriber, notify, start_daemon, chromium):
+    video = media / VIDEO
+    port = free_port()
+    config = base_config(tmp_path, models, mosquitto, [
+        {"name": ODD_NAME, "url": str(video), "loop": True, "fps": 4},
+        {"name": "later", "url": "rtsp://127.0.0.1:9/nothing"},  # never delivers a frame
+    ], http={"listen": f"127.0.0.1:{port}"})
+    daemon, _ = start_daemon(config)
+    notify.wait_for("READY", "1", timeout=60)
+    image_path = f"/api/cameras/{urllib.parse.quote(ODD_NAME, safe='')}/latest.jpg"
+    wait_for(lambda: http_get(port, image_path)[0] == 200, 60, f"no frame at {image_path}; {daemon.log}")
+
+    code, headers, body = http_get(port, "/")
+    assert code == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    policy = headers["Content-Security-Policy"]
+    assert "default-src 'self'" in policy and "img-src 'self'" in policy and "unsafe-eval" not in policy
+    assert b"http://" not in body and b"https://" not in body, "the page refers to nothing outside itself"
+
+    chromium.send("Page.navigate", {"url": f"http://127.0.0.1:{port}/"}, session=chromium.session)
+    names = chromium.wait_until("document.querySelectorAll('.camera').length === 2 && "
+                                "[...document.querySelectorAll('.camera h3')].map((h) => h.textContent)", 20)
+    assert sorted(names) == sorted([ODD_NAME, "later"]), "every camera, under its exact name"
+    assert chromium.evaluate("document.querySelectorAll('b').length") == 0, "a name became markup"
+    assert chromium.evaluate("document.getElementById('mqtt').textContent").startswith("connected")
+    assert "onnxruntime" in chromium.evaluate("document.getElementById('devices').textContent")
+    problems = chromium.wait_until("[...document.querySelectorAll('#problems li')].map((li) => li.textContent)"
+                                   ".join('\\n') || false", 30)
+    assert "camera later" in problems, problems
+
+    # The camera without a frame shows the placeholder and never asks for an image.
+    later = camera_card("later")
+    assert chromium.evaluate(f"{later}.querySelector('img').getAttribute('src')") is None
+    assert not chromium.evaluate(f"{later}.querySelector('.placeholder').classList.contains('hidden')")
+
+    # The page's image is one of the video's frames with the published boxes drawn on it.
+    seen: list[tuple[str, np.ndarray] | None] = []
+    wait_for(lambda: seen.append(shown_image(chromium, ODD_NAME)) or seen[-1] is not None, 20,
+             "the page shows no image")
+    src, image = seen[-1]
+    assert urllib.parse.urlsplit(src).path == image_path
+    assert image.shape == (480, 640, 3)
+    sources = video_frames(video)
+    assert len(sources) == FRAMES
+    distances = [float(np.abs(image.astype(np.int16) - s).mean()) for s in sources]
+    index = int(np.argmin(distances))
+    assert distances[index] < 4, f"the image is none of the video's frames (closest: {distances[index]:.1f})"
+    published = [msgs[0]["detections"] for seq, msgs in detections_by_frame(subscriber, ODD_NAME).items()
+                 if seq % FRAMES == index]
+    assert published, f"no detections published for frame {index}"
+    assert all(d == published[0] for d in published), "every pass over the file publishes the same boxes"
+    assert published[0], f"frame {index} has no detections to look for"
+    diff = np.abs(image.astype(np.int16) - sources[index]).max(axis=2)
+    for det in published[0]:
+        rows, cols = edge_pixels(det["box"], 640, 480)
+        assert diff[rows, cols].mean() > 40, f"no box drawn at {det}"
+    patch = clear_patch([d["box"] for d in published[0]], 640, 480)
+    assert patch is not None
+    x, y = patch
+    assert diff[y:y + 48, x:x + 48].mean() < 6, "pixels away from every box changed (beyond JPEG loss)"
+
+    # It refreshes: a later poll shows a newer frame.
+    wait_for(lambda: (s := shown_image(chromium, ODD_NAME)) is not None and s[0] != src, 20,
+             "the image was not refreshed")
+
+    assert chromium.errors() == [], "console errors on the status page"
+    # The policy holds and errors would be seen: a script without the page's nonce is refused.
+    chromium.evaluate("(() => { const s = document.createElement('script'); s.textContent = 'window.ran = 1';"
+                      " document.body.appendChild(s); })()")
+    assert chromium.evaluate("window.ran") is None
+    wait_for(lambda: any("Content Security Policy" in e for e in chromium.errors()), 5,
+             f"no CSP violation reported: {chromium.errors()}")
+    assert daemon.stop() == 0
