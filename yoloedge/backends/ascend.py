@@ -33,7 +33,6 @@ import logging
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
 
 import acl
 import numpy as np
@@ -43,7 +42,8 @@ from ..errors import BackendError, ModelError
 from ..model.spec import DYNAMIC, ModelMetadata, ModelSpec, TensorSpec
 from . import acl_runtime as rt
 from .acl_runtime import check, checked
-from .base import Backend, check_open_request, require_model_file
+from .base import Backend, check_open_request, require_model_file, warn_fixed_imgsz
+from .undo import UndoStack, raise_collected
 from .npu_smi import NPU_SMI
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class AscendBackend(Backend):
             raise BackendError(f"unknown execute mode {self.config.execute!r}: choose one of "
                                f"{', '.join(EXECUTE_MODES)}")
         self._lock = threading.RLock()
-        self._undo: list[tuple[str, Callable[[], None]]] = []
+        self._undo = UndoStack()
         self._reset_state()
         self._process = rt.PROCESS  # the same one from open to close, whatever replaces it later
         self._process.register(self)
@@ -143,12 +143,12 @@ class AscendBackend(Backend):
                 self._abandon_open()
                 raise
             self._process.settle(self)
-            self._warn_about_imgsz(spec, input_hw)
+            warn_fixed_imgsz(self.model_path, input_hw, spec.metadata.imgsz, "at conversion")
             return spec
 
     def _abandon_open(self) -> None:
         """Release what a failed `open` took; the open's own error is the one raised."""
-        errors = self._teardown()
+        errors = self._undo.unwind()
         self._reset_state()
         try:
             self._process.settle(self)
@@ -160,7 +160,7 @@ class AscendBackend(Backend):
     def _open(self, max_batch: int, input_sets: int, output_sets: int) -> ModelSpec:
         require_model_file(self.model_path)
         self._process.acquire()
-        self._push("release pyACL (acl.finalize when last)", self._process.release)
+        self._undo.push("release pyACL (acl.finalize when last)", self._process.release)
         self._open_device()
         self._load_model()
         self._describe(max_batch)
@@ -172,19 +172,16 @@ class AscendBackend(Backend):
                  ", ".join(f"{o.name} {list(o.shape)}" for o in spec.outputs))
         return spec
 
-    def _push(self, what: str, undo: Callable[[], None]) -> None:
-        self._undo.append((what, undo))
-
     def _open_device(self) -> None:
         device = self.config.device_id
         check(acl.rt.set_device(device), "acl.rt.set_device", f"device {device}")
-        self._push("reset device", lambda: check(acl.rt.reset_device(device), "acl.rt.reset_device"))
+        self._undo.push("reset device", lambda: check(acl.rt.reset_device(device), "acl.rt.reset_device"))
         context = checked(acl.rt.create_context(device), "acl.rt.create_context", f"device {device}")
         self._context = context  # bound to this thread by create_context
-        self._push("destroy context", lambda: check(acl.rt.destroy_context(context), "acl.rt.destroy_context"))
+        self._undo.push("destroy context", lambda: check(acl.rt.destroy_context(context), "acl.rt.destroy_context"))
         stream = checked(acl.rt.create_stream(), "acl.rt.create_stream")
         self._stream = stream
-        self._push("destroy stream", lambda: check(acl.rt.destroy_stream(stream), "acl.rt.destroy_stream"))
+        self._undo.push("destroy stream", lambda: check(acl.rt.destroy_stream(stream), "acl.rt.destroy_stream"))
         run_mode = checked(acl.rt.get_run_mode(), "acl.rt.get_run_mode") if hasattr(acl.rt, "get_run_mode") \
             else rt.ACL_HOST
         if run_mode == rt.ACL_DEVICE:  # on the card's own CPU "host" memory is device memory
@@ -196,11 +193,11 @@ class AscendBackend(Backend):
         if not desc:
             raise BackendError("acl.mdl.create_desc returned no model description")
         self._desc = desc
-        self._push("destroy model description",
+        self._undo.push("destroy model description",
                    lambda: check(acl.mdl.destroy_desc(desc), "acl.mdl.destroy_desc"))
         model_id = checked(acl.mdl.load_from_file(self.model_path), "acl.mdl.load_from_file", self.model_path)
         self._model_id = model_id
-        self._push("unload model", lambda: check(acl.mdl.unload(model_id), "acl.mdl.unload"))
+        self._undo.push("unload model", lambda: check(acl.mdl.unload(model_id), "acl.mdl.unload"))
         check(acl.mdl.get_desc(desc, model_id), "acl.mdl.get_desc")
 
     # -- what the model wants ------------------------------------------------------------------
@@ -368,12 +365,12 @@ class AscendBackend(Backend):
 
     def _malloc(self, nbytes: int) -> int:
         ptr = checked(acl.rt.malloc(int(nbytes), rt.ACL_MEM_MALLOC_HUGE_FIRST), "acl.rt.malloc", f"{nbytes} bytes")
-        self._push("free device memory", lambda: check(acl.rt.free(ptr), "acl.rt.free"))
+        self._undo.push("free device memory", lambda: check(acl.rt.free(ptr), "acl.rt.free"))
         return ptr
 
     def _malloc_host(self, nbytes: int) -> int:
         ptr = checked(acl.rt.malloc_host(int(nbytes)), "acl.rt.malloc_host", f"{nbytes} bytes")
-        self._push("free host memory", lambda: check(acl.rt.free_host(ptr), "acl.rt.free_host"))
+        self._undo.push("free host memory", lambda: check(acl.rt.free_host(ptr), "acl.rt.free_host"))
         return ptr
 
     def _build_datasets(self) -> None:
@@ -388,14 +385,15 @@ class AscendBackend(Backend):
         buffer = acl.create_data_buffer(tensor.device_ptr, tensor.device_bytes)
         if not buffer:
             raise BackendError(f"acl.create_data_buffer returned no buffer for {tensor.name}")
-        self._push("destroy data buffer", lambda: check(acl.destroy_data_buffer(buffer), "acl.destroy_data_buffer"))
+        self._undo.push("destroy data buffer",
+                        lambda: check(acl.destroy_data_buffer(buffer), "acl.destroy_data_buffer"))
         return buffer
 
     def _dataset(self, buffers: list[int]) -> int:
         dataset = acl.mdl.create_dataset()
         if not dataset:
             raise BackendError("acl.mdl.create_dataset returned no dataset")
-        self._push("destroy dataset", lambda: check(acl.mdl.destroy_dataset(dataset), "acl.mdl.destroy_dataset"))
+        self._undo.push("destroy dataset", lambda: check(acl.mdl.destroy_dataset(dataset), "acl.mdl.destroy_dataset"))
         for buffer in buffers:
             checked(acl.mdl.add_dataset_buffer(dataset, buffer), "acl.mdl.add_dataset_buffer")
         return dataset
@@ -409,12 +407,6 @@ class AscendBackend(Backend):
             (TensorSpec(inp.name, (self._capacity, *inp.item_shape), inp.dtype),),
             tuple(TensorSpec(o.name, (batch, *o.item_shape), o.dtype) for o in self._outputs),
             ModelMetadata(imgsz=(h, w)))
-
-    def _warn_about_imgsz(self, spec: ModelSpec, input_hw: tuple[int, int] | None) -> None:
-        imgsz = spec.metadata.imgsz  # always set by _model_spec
-        if input_hw and imgsz is not None and tuple(input_hw) != imgsz:
-            log.warning("%s: model.imgsz %s ignored: the .om takes %s (fixed at conversion)",
-                        self.model_path, list(input_hw), list(imgsz))
 
     # -- running -------------------------------------------------------------------------------
     @property
@@ -503,25 +495,9 @@ class AscendBackend(Backend):
                 ret = acl.rt.set_context(self._context)  # teardown may run on another thread
                 if ret != rt.ACL_SUCCESS:
                     errors.append(rt.AclError("acl.rt.set_context", ret, "before teardown"))
-            errors += self._teardown()
+            errors += self._undo.unwind()
             self._reset_state()
-            for exc in errors[1:]:
-                log.error("also while closing %s: %s", self.model_path, exc)
-            if errors:
-                raise errors[0]
-
-    def _teardown(self) -> list[Exception]:
-        """Run every undo step, newest first; a failing step is collected, not allowed to stop the
-        rest (the last backend's release must still finalise pyACL)."""
-        errors: list[Exception] = []
-        while self._undo:
-            what, undo = self._undo.pop()
-            try:
-                undo()
-            except Exception as exc:  # noqa: BLE001 - collected and raised by the caller
-                log.debug("%s failed: %s", what, exc)
-                errors.append(exc)
-        return errors
+            raise_collected(errors, self.model_path)
 
     # -- telemetry -----------------------------------------------------------------------------
     def telemetry(self) -> dict | None:

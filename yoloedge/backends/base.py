@@ -21,6 +21,7 @@ Neither `run` nor anything else after `open` may allocate per batch.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
@@ -29,6 +30,8 @@ import numpy as np
 from ..errors import BackendError, ModelError
 from ..files import regular_file_problem
 from ..model.spec import ModelSpec
+
+log = logging.getLogger(__name__)
 
 
 class Backend(ABC):
@@ -103,6 +106,15 @@ def check_open_request(max_batch: int, input_sets: int, output_sets: int) -> Non
         raise BackendError(f"max_batch must be >= 1, got {max_batch}")
     if input_sets < 1 or output_sets < 1:
         raise BackendError(f"need at least one input and one output set, got {input_sets} and {output_sets}")
+
+
+def warn_fixed_imgsz(model_path: str, input_hw: tuple[int, int] | None, imgsz: tuple[int, int] | None,
+                     fixed: str) -> None:
+    """`model.imgsz` names a size the compiled model (an .om, an engine) cannot take: say it is
+    ignored. `fixed` says where the size was fixed ("at conversion", "when it was built")."""
+    if input_hw and imgsz is not None and tuple(input_hw) != imgsz:
+        log.warning("%s: model.imgsz %s ignored: the model takes %s (fixed %s)",
+                    model_path, list(input_hw), list(imgsz), fixed)
 
 
 def require_model_file(path: str) -> None:

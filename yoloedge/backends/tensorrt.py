@@ -37,7 +37,7 @@ import collections
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import tensorrt as trt
@@ -45,7 +45,8 @@ import tensorrt as trt
 from ..config.tensorrt import TensorRTConfig
 from ..errors import BackendError, ModelError
 from ..model.spec import DYNAMIC, ModelMetadata, ModelSpec, TensorSpec, image_hwc
-from .base import Backend, check_open_request, require_model_file
+from .base import Backend, check_open_request, require_model_file, warn_fixed_imgsz
+from .undo import UndoStack, raise_collected
 from .cuda_runtime import DEVICE_TO_HOST, HOST_TO_DEVICE, checked, cudart, host_array, native_handle
 from .gpu_smi import GpuKind, gpu_telemetry
 
@@ -122,7 +123,7 @@ class TensorRTBackend(Backend):
         super().__init__(str(model_path), config or TensorRTConfig())
         self.config: TensorRTConfig
         self._lock = threading.RLock()
-        self._undo: list[tuple[str, Callable[[], None]]] = []
+        self._undo = UndoStack()
         self._trt_log = TrtLog(self.model_path)
         self._reset_state()
 
@@ -153,12 +154,12 @@ class TensorRTBackend(Backend):
             except BaseException:
                 self._abandon_open()
                 raise
-            self._warn_about_imgsz(spec, input_hw)
+            warn_fixed_imgsz(self.model_path, input_hw, spec.metadata.imgsz, "when it was built")
             return spec
 
     def _abandon_open(self) -> None:
         """Release what a failed `open` took; the open's own error is the one raised."""
-        for err in self._teardown():
+        for err in self._undo.unwind():
             log.error("while releasing after a failed open of %s: %s", self.model_path, err)
         self._reset_state()
 
@@ -177,9 +178,6 @@ class TensorRTBackend(Backend):
                  ", ".join(f"{o.name} {list(o.shape)}" for o in spec.outputs))
         return spec
 
-    def _push(self, what: str, undo: Callable[[], None]) -> None:
-        self._undo.append((what, undo))
-
     def _read_engine_file(self) -> bytes:
         try:
             with open(self.model_path, "rb") as f:
@@ -192,25 +190,25 @@ class TensorRTBackend(Backend):
         checked(cudart.cudaSetDevice(device), "cudaSetDevice", f"GPU {device}")
         stream = checked(cudart.cudaStreamCreate(), "cudaStreamCreate", f"GPU {device}")
         self._stream, self._stream_handle = stream, native_handle(stream)
-        self._push("destroy stream", lambda: checked(cudart.cudaStreamDestroy(stream), "cudaStreamDestroy"))
+        self._undo.push("destroy stream", lambda: checked(cudart.cudaStreamDestroy(stream), "cudaStreamDestroy"))
 
     def _load_engine(self, blob: bytes) -> None:
         """Runtime, engine, context. The undo steps drop our references (TensorRT frees each object
         with its last reference; an engine keeps its runtime alive, a context its engine)."""
         self._runtime = trt.Runtime(self._trt_log)
-        self._push("release the TensorRT runtime", lambda: setattr(self, "_runtime", None))
+        self._undo.push("release the TensorRT runtime", lambda: setattr(self, "_runtime", None))
         self._engine = self._runtime.deserialize_cuda_engine(blob)
         if self._engine is None:  # TensorRT says why only through the logger
             raise ModelError(f"{self.model_path}: TensorRT {trt.__version__} cannot deserialise this engine "
                              f"({self._trt_log.last_error()}); an engine runs only with the TensorRT version "
                              f"and on the GPU model it was built with: rebuild it on this machine "
                              f"(yoloedge convert trt)")
-        self._push("release the engine", lambda: setattr(self, "_engine", None))
+        self._undo.push("release the engine", lambda: setattr(self, "_engine", None))
         self._context = self._engine.create_execution_context()
         if self._context is None:
             raise TensorRTError("ICudaEngine.create_execution_context",
                                 f"returned None ({self._trt_log.last_error()}; out of GPU memory?)")
-        self._push("release the execution context", lambda: setattr(self, "_context", None))
+        self._undo.push("release the execution context", lambda: setattr(self, "_context", None))
 
     # -- what the engine wants -----------------------------------------------------------------
     def _describe(self, max_batch: int) -> None:
@@ -331,12 +329,12 @@ class TensorRTBackend(Backend):
     def _malloc(self, nbytes: int) -> int:
         device = self.config.device_id
         ptr = checked(cudart.cudaMalloc(nbytes), "cudaMalloc", f"{nbytes} bytes on GPU {device}")
-        self._push("free device memory", lambda: checked(cudart.cudaFree(ptr), "cudaFree"))
+        self._undo.push("free device memory", lambda: checked(cudart.cudaFree(ptr), "cudaFree"))
         return int(ptr)
 
     def _malloc_host(self, nbytes: int) -> int:
         ptr = checked(cudart.cudaMallocHost(nbytes), "cudaMallocHost", f"{nbytes} bytes of pinned memory")
-        self._push("free pinned memory", lambda: checked(cudart.cudaFreeHost(ptr), "cudaFreeHost"))
+        self._undo.push("free pinned memory", lambda: checked(cudart.cudaFreeHost(ptr), "cudaFreeHost"))
         return int(ptr)
 
     def _bind_addresses(self) -> None:
@@ -355,12 +353,6 @@ class TensorRTBackend(Backend):
             (TensorSpec(inp.name, (self._capacity, *inp.item_shape), inp.dtype),),
             tuple(TensorSpec(o.name, (batch, *o.item_shape), o.dtype) for o in self._outputs),
             ModelMetadata(imgsz=(h, w)))
-
-    def _warn_about_imgsz(self, spec: ModelSpec, input_hw: tuple[int, int] | None) -> None:
-        imgsz = spec.metadata.imgsz  # always set by _model_spec
-        if input_hw and imgsz is not None and tuple(input_hw) != imgsz:
-            log.warning("%s: model.imgsz %s ignored: the engine takes %s (fixed when it was built)",
-                        self.model_path, list(input_hw), list(imgsz))
 
     # -- running -------------------------------------------------------------------------------
     @property
@@ -435,24 +427,9 @@ class TensorRTBackend(Backend):
                 checked(cudart.cudaSetDevice(self.config.device_id), "cudaSetDevice", "before teardown")
             except BackendError as failed:
                 errors.append(failed)
-            errors += self._teardown()
+            errors += self._undo.unwind()
             self._reset_state()
-            for exc in errors[1:]:
-                log.error("also while closing %s: %s", self.model_path, exc)
-            if errors:
-                raise errors[0]
-
-    def _teardown(self) -> list[Exception]:
-        """Run every undo step, newest first; a failing step is collected, not allowed to stop the rest."""
-        errors: list[Exception] = []
-        while self._undo:
-            what, undo = self._undo.pop()
-            try:
-                undo()
-            except Exception as exc:  # noqa: BLE001 - collected and raised by the caller
-                log.debug("%s failed: %s", what, exc)
-                errors.append(exc)
-        return errors
+            raise_collected(errors, self.model_path)
 
     # -- telemetry -----------------------------------------------------------------------------
     def telemetry(self) -> dict | None:
