@@ -20,8 +20,9 @@ import pytest
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon_harness import REPO, Daemon, NotifySocket, status, write_config
+from daemon_harness import REPO, status, write_config
 from fixtures_media import free_port
+import test_daemon
 from yoloedge.config.errors import ConfigError
 from yoloedge.config.loader import load_config
 from yoloedge.config.schema import HttpConfig
@@ -35,6 +36,8 @@ PASSWORD = "s3cret-http-pass"
 #: status fields that move by themselves between two reads (clocks and rates)
 TIMING = {"uptime_s", "last_frame_age_s", "fps_in", "fps_out", "frames_per_s", "inferences_per_s",
           "utilisation", "busy_s", "next_retry_in_s", "telemetry"}
+
+notify, start_daemon = test_daemon.notify, test_daemon.start_daemon  # the daemon tests' fixtures
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -54,27 +57,6 @@ def base_config(tmp_path: Path, models: Path, broker, cameras: list[dict], http:
         "shutdown_timeout_s": 10,
     }
 
-
-@pytest.fixture()
-def notify(tmp_path):
-    sock = NotifySocket(tmp_path / "notify.sock")
-    yield sock
-    sock.close()
-
-
-@pytest.fixture()
-def start_daemon(tmp_path, notify):
-    daemons: list[Daemon] = []
-
-    def start(config: dict, **kwargs) -> tuple[Daemon, Path]:
-        path = write_config(tmp_path / "yoloedge.yaml", config)
-        daemon = Daemon(path, notify, **kwargs)
-        daemons.append(daemon)
-        return daemon, path
-
-    yield start
-    for d in daemons:
-        d.kill()
 
 
 def get(port: int, path: str, auth: tuple[str, str] | None = None, timeout: float = 10.0) -> tuple[int, dict, bytes]:
