@@ -555,10 +555,10 @@ def _mutate_spool(variant: str, spool_dir, monkeypatch) -> None:
     elif variant == "read error":
         real = spool_module.read_segment
 
-        def read_segment(path, start=0):
+        def read_segment(path, start=0, **bounds):
             if os.path.basename(path) == first.name:
                 raise OSError(errno.EIO, os.strerror(errno.EIO), path)
-            return real(path, start)
+            return real(path, start, **bounds)
 
         monkeypatch.setattr(spool_module, "read_segment", read_segment)
 
