@@ -141,8 +141,8 @@ def _kind_problem(path: str, info: os.stat_result) -> DirectoryProblem | None:
                                 f"spool_dir names a directory of its own, e.g. spool_dir: {SPOOL_DIR_EXAMPLE}")
     if os.path.realpath(path) in SYSTEM_DIRS:
         return DirectoryProblem(f"{path} is a system directory, not one for the spool alone",
-                                f"use a directory of its own, e.g. spool_dir: {SPOOL_DIR_EXAMPLE} "
-                                f"(created 0700 when missing)")
+                                f"use a directory of its own (created 0700 when missing), e.g. "
+                                f"spool_dir: {SPOOL_DIR_EXAMPLE}")
     return None
 
 
@@ -150,8 +150,8 @@ def _access_problem(path: str, info: os.stat_result, check_owner: bool) -> Direc
     if info.st_mode & stat.S_IWOTH:
         return DirectoryProblem(f"{path} is writable by every user (mode {stat.S_IMODE(info.st_mode):04o}): "
                                 f"anyone could plant messages the daemon would publish",
-                                f"chmod o-w {path}, or use a directory of its own, e.g. spool_dir: "
-                                f"{SPOOL_DIR_EXAMPLE} (created 0700 when missing)")
+                                f"chmod o-w {path}, or use a directory of its own (created 0700 when "
+                                f"missing), e.g. spool_dir: {SPOOL_DIR_EXAMPLE}")
     euid = os.geteuid()
     if check_owner and info.st_uid not in (euid, 0):
         return DirectoryProblem(f"{path} is owned by uid {info.st_uid}, not by this user (uid {euid}) or root: "
