@@ -46,20 +46,23 @@ A failed write (disk full, EIO, a short write): `append` cuts the segment back t
 record, seals it and raises, so the caller keeps that message elsewhere; a torn record in the
 middle of a segment would hide every record after it, in this run and after a restart. The next
 append starts a new segment, so even when the cut fails the torn bytes end a segment, where
-recovery cuts them off without losing anything after them.
+recovery stops without losing anything after them. A new segment is always a new file (O_EXCL,
+O_NOFOLLOW): never one that is there already, nor what a symlink points at.
 
 Files changed under it (the directory or a segment deleted, a segment truncated or replaced by
-a directory, a read error): the records that can no longer be read are acknowledged as lost and
-counted in `unreadable` (one already handed to the MQTT client may still arrive), never retried
-forever, so delivery goes on with the next readable record.
+a directory, a FIFO or a symlink, which are never opened, a read error): the records that can no
+longer be read are acknowledged as lost and counted in `unreadable` (one already handed to the MQTT
+client may still arrive), never retried forever, so delivery goes on with the next readable record.
 The directory (and its lock) is created again when it is gone, at the next new segment or `sync()`;
 appends never go on into a deleted segment file (its records could not be read back).
 
-Thread-safe: one internal lock, a leaf (no callback or other lock is taken while it is held),
-held only for memory and page-cache work, never for an fsync: the MQTT client appends, acks and
-reads the counters from its network thread and from every publish, and an fsync on an SD card
-during an outage can take seconds. fsyncs run on duplicated descriptors outside it, one sync at
-a time (`_sync_lock`). `unacked`, `has_unsent` and `size_bytes` read plain counters, lock-free.
+Thread-safe: one internal lock, a leaf (no callback, log call or other lock is taken while it is
+held: what recovery has to say is logged once `open` has released it), held only for memory and
+page-cache work, never for an fsync (except in `open`, before anyone else can use the spool, for a
+damaged segment's copy): the MQTT client appends, acks and reads the counters from its network
+thread and from every publish, and an fsync on an SD card during an outage can take seconds. fsyncs
+run on duplicated descriptors outside it, one sync at a time (`_sync_lock`). `unacked`,
+`has_unsent` and `size_bytes` read plain counters, lock-free.
 """
 
 from __future__ import annotations
@@ -163,15 +166,16 @@ class NotRegularFile(OSError):
     """A name of the spool's that is not a regular file: a FIFO, a device, a directory, a symlink."""
 
 
-def _open_regular(path: str, flags: int = _READ_FLAGS) -> int:
-    """A descriptor of the regular file at `path`. Never follows a symlink, never opens what is not
-    a regular file (opening a device can have effects of its own), never blocks (a FIFO renamed
-    into place between lstat and open); NotRegularFile for anything else."""
+def _open_regular(path: str) -> int:
+    """A read-only descriptor of the regular file at `path`. Unlike `files.opened_regular` (for files
+    an operator names), never follows a symlink; never opens what is not a regular file (opening a
+    device can have effects of its own), never blocks (a FIFO renamed into place between lstat and
+    open); NotRegularFile for anything else."""
     info = os.lstat(path)
     if not stat.S_ISREG(info.st_mode):
         raise NotRegularFile(f"{path} is {file_type(info.st_mode)}, not a regular file")
     try:
-        fd = os.open(path, flags, 0o600)
+        fd = os.open(path, _READ_FLAGS)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # replaced by a symlink since the lstat
             raise NotRegularFile(f"{path} is a symlink, not a regular file") from None
@@ -316,6 +320,7 @@ class Spool:
         self.set_aside: list[str] = []  # names of the damaged segments moved aside at open
         self.skipped: list[str] = []  # the spool's names that are not regular files, left alone
         self._aside: list[tuple[int, str]] = []  # (K, name) of the moved-aside segments, oldest first
+        self._notes: list[tuple[int, str, tuple[object, ...]]] = []  # what open() logs after _lock
         self.dropped = 0
         self.unreadable = 0  # records lost because their file changed under the spool
         self._closing = False  # close() began: the directory is not taken again
@@ -342,6 +347,17 @@ class Spool:
             self._segments, self._bytes, self._next_seq, self._unacked = [], 0, 0, 0
             self._release_directory()
             raise
+        finally:
+            self._log_notes()  # outside _lock, which stays a leaf (logging takes handler locks)
+
+    def _note(self, level: int, message: str, *args: object) -> None:
+        """Log this once open() has released _lock. Caller holds _lock."""
+        self._notes.append((level, message, args))
+
+    def _log_notes(self) -> None:
+        notes, self._notes = self._notes, []
+        for level, message, args in notes:
+            logger.log(level, message, *args)
 
     def _check_directory(self) -> None:
         """SpoolRefused for a directory that is not the spool's own. The spool's names as something
@@ -425,8 +441,8 @@ class Spool:
                 os.unlink(tmp)
             else:
                 os.rename(tmp, original)
-                logger.info("MQTT: spool %s: %s: the valid records of a damaged segment, copied out "
-                            "before a crash, take its place", self.directory, os.path.basename(original))
+                self._note(logging.INFO, "MQTT: spool %s: %s: the valid records of a damaged segment, copied "
+                           "out before a crash, take its place", self.directory, os.path.basename(original))
 
     def _recover(self, name: str) -> None:
         path = os.path.join(self.directory, name)
@@ -450,8 +466,8 @@ class Spool:
         """Leave what is not a regular file as it is, and never create a segment of that name."""
         self.skipped.append(str(exc))
         self._next_seq = max(self._next_seq, seq + 1)
-        logger.warning("MQTT: spool %s: skipped: %s; the spool reads and writes only regular files "
-                       "of its own, and leaves this one as it is", self.directory, exc)
+        self._note(logging.WARNING, "MQTT: spool %s: skipped: %s; the spool reads and writes only regular "
+                   "files of its own, and leaves this one as it is", self.directory, exc)
 
     def _add_recovered(self, path: str, scan: SegmentScan) -> None:
         records = scan.records
@@ -477,9 +493,9 @@ class Spool:
         self._sync_directory()
         self.set_aside.append(aside)
         self.discarded_bytes += scan.size - scan.valid_end
-        logger.warning("MQTT: spool %s: %s is damaged (%s): moved aside as %s, not deleted; %d record(s) "
-                       "before the damage are kept and sent, %d byte(s) from there on are not",
-                       self.directory, name, scan.damage, aside, len(scan.records), scan.size - scan.valid_end)
+        self._note(logging.WARNING, "MQTT: spool %s: %s is damaged (%s): moved aside as %s, not deleted; "
+                   "%d record(s) before the damage are kept and sent, %d byte(s) from there on are not",
+                   self.directory, name, scan.damage, aside, len(scan.records), scan.size - scan.valid_end)
         self._prune_aside()
 
     def _copy_prefix(self, path: str, tmp: str, length: int) -> None:
@@ -515,8 +531,8 @@ class Spool:
                 continue
             if stat.S_ISREG(mode):
                 os.unlink(path)
-                logger.warning("MQTT: spool %s: deleted %s, the oldest damaged segment moved aside (the "
-                               "newest %d are kept)", self.directory, name, CORRUPT_KEPT)
+                self._note(logging.WARNING, "MQTT: spool %s: deleted %s, the oldest damaged segment moved aside "
+                           "(the newest %d are kept)", self.directory, name, CORRUPT_KEPT)
 
     def close(self) -> None:
         """fsync and close; unacknowledged records stay on disk for the next run. The files and
@@ -619,9 +635,10 @@ class Spool:
         self._bytes -= segment.size
         self._unacked -= segment.unacked
         try:
-            os.unlink(segment.path)
+            if stat.S_ISREG(os.lstat(segment.path).st_mode):  # a FIFO, link, directory there is not ours
+                os.unlink(segment.path)
         except OSError:
-            pass  # gone already, or replaced by a directory that is not ours to delete
+            pass  # gone already
         if self._segments:
             self._cursor = max(self._cursor, self._segments[0].first_seq)
         else:
