@@ -606,3 +606,78 @@ def test_env_file_lines_systemd_would_drop_are_refused_with_their_line(tmp_path,
 def test_env_file_export_error_names_the_variable_but_never_the_value(tmp_path, model):
     result = env_check(tmp_path, model, f"export DEVICE={SECRET}\n", "DEVICE")
     assert "would not get DEVICE" in result.stderr and SECRET not in result.stderr, result.stderr
+
+
+# -- the spool directory ----------------------------------------------------------------------------
+
+def _spool_config(tmp_path: Path, model: Path, spool_dir: Path | str) -> Path:
+    return write(tmp_path, f"device_id: e\nmodel: {{path: {model}}}\nmqtt:\n  spool_dir: {spool_dir}\n")
+
+
+def test_check_refuses_a_spool_dir_that_holds_other_files_and_touches_none(tmp_path, model):
+    """`/etc` as spool_dir was accepted, and the spool then used it as its own."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (etc / "hosts").write_text("127.0.0.1 localhost\n")
+    (etc / "ssh").mkdir()
+    before = {p.name: (p.stat().st_mtime_ns, p.is_dir() or p.read_bytes()) for p in etc.iterdir()}
+    path = _spool_config(tmp_path, model, etc)
+    result = check_cli(path)
+    assert result.returncode == EX_CONFIG and "Traceback" not in result.stderr, result.stderr
+    assert (f"{path}:4: mqtt.spool_dir: spool directory refused: {etc} holds files the spool did not "
+            f"write ('hosts', 'passwd', 'ssh')") in result.stderr, result.stderr
+    assert "move those files away, or use another directory" in result.stderr
+    assert {p.name: (p.stat().st_mtime_ns, p.is_dir() or p.read_bytes()) for p in etc.iterdir()} == before
+    assert not (etc / "lock").exists()
+
+
+@pytest.mark.parametrize("system_dir", ["/", "/etc", "/var/lib", "/tmp"])
+def test_system_directories_are_refused_as_spool_dir(tmp_path, model, system_dir):
+    error = refused(_spool_config(tmp_path, model, system_dir))
+    [issue] = error.issues
+    assert (issue.line, issue.key_path) == (4, "mqtt.spool_dir")
+    assert f"{system_dir} is a system directory" in issue.message and "/var/lib/yoloedge/spool" in issue.hint
+
+
+def _planted(tmp_path: Path, case: str) -> tuple[Path, str]:
+    """A spool directory someone else could control, and the words its refusal must hold."""
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    if case == "symlink":
+        link = tmp_path / "link"
+        link.symlink_to(spool)
+        return link, f"{link} is a symbolic link (to {spool})"
+    if case == "world-writable":
+        spool.chmod(0o777)
+        return spool, "writable by every user (mode 0777)"
+    if case == "fifo segment":
+        os.mkfifo(spool / f"{0:020d}.seg")
+        return spool, f"not regular files ('{0:020d}.seg')"
+    (spool / "lock").symlink_to("/etc/passwd")
+    return spool, "not regular files ('lock')"
+
+
+@pytest.mark.parametrize("case", ["symlink", "world-writable", "fifo segment", "symlink lock"])
+def test_a_spool_dir_others_could_plant_files_in_is_refused(tmp_path, model, case):
+    spool_dir, words = _planted(tmp_path, case)
+    error = refused(_spool_config(tmp_path, model, spool_dir))
+    [issue] = error.issues
+    assert (issue.line, issue.key_path) == (4, "mqtt.spool_dir") and words in issue.message, issue.message
+    if case == "symlink":
+        assert f"spool_dir: {tmp_path / 'spool'}" in issue.hint  # the fix names the real directory
+
+
+def test_a_spool_dir_holding_only_the_spools_own_files_is_accepted(tmp_path, model):
+    from yoloedge.publish.spool import Record, Spool
+
+    spool_dir = tmp_path / "spool"
+    spool = Spool(str(spool_dir), limit_bytes=1 << 20)
+    spool.open()
+    spool.append(Record("t", b"x", 1, False))
+    spool.close()
+    (spool_dir / f"{7:020d}.seg.corrupt-1").write_bytes(b"moved aside")
+    (spool_dir / "lost+found").mkdir()
+    assert {p.name for p in spool_dir.iterdir()} == {f"{0:020d}.seg", "lock", f"{7:020d}.seg.corrupt-1",
+                                                     "lost+found"}
+    assert load_config(str(_spool_config(tmp_path, model, spool_dir)), {}).mqtt.spool_dir == str(spool_dir)

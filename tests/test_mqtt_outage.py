@@ -511,6 +511,28 @@ def test_bad_queue_and_spool_settings_name_line_and_key(tmp_path, lines, key, wo
     assert issue.key_path == key and issue.line == 5 and words in issue.message + (issue.hint or "")
 
 
+def test_a_spool_dir_that_is_not_the_spools_own_is_left_alone_and_publishing_goes_on(
+        tmp_path, mosquitto, subscriber_factory, make_publisher):
+    """A file that turned up in spool_dir after the config was checked: the publisher does not use
+    the directory (nothing in it touched, no lock taken), says why, and publishes from memory."""
+    topic = TOPICS.detections("cam1")
+    sub = subscriber_factory(mosquitto, (topic,), client_id="foreign-sub")
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir(mode=0o700)
+    notes = spool_dir / "notes.txt"
+    notes.write_text("the operator's")
+    segment = spool_dir / f"{0:020d}.seg"
+    segment.write_bytes(b"\xff" * 64)
+    pub = make_publisher(mosquitto.host, mosquitto.port, spool_dir=str(spool_dir), keepalive_s=5)
+    error = pub.stats()["last_error"]
+    assert f"cannot open the spool {spool_dir}" in error and "('notes.txt')" in error, error
+    assert "messages are kept in memory only" in error and pub.stats()["spooled"] is None
+    assert pub.wait_connected(10) and pub.publish_detections("cam1", {"seq": 1})
+    assert sub.wait_for(lambda ms: [m.json()["seq"] for m in ms] == [1], 10)
+    assert sorted(p.name for p in spool_dir.iterdir()) == [segment.name, notes.name]
+    assert segment.read_bytes() == b"\xff" * 64 and notes.read_text() == "the operator's"
+
+
 def test_tls_handshake_that_never_completes_is_reported(make_publisher, caplog):
     """tls: set, and the server accepts but never speaks TLS: paho's handshake timeout (5 s)."""
     from yoloedge.config import TlsConfig
@@ -555,10 +577,10 @@ def _mutate_spool(variant: str, spool_dir, monkeypatch) -> None:
     elif variant == "read error":
         real = spool_module.read_segment
 
-        def read_segment(path, start=0):
+        def read_segment(path, start=0, **bounds):
             if os.path.basename(path) == first.name:
                 raise OSError(errno.EIO, os.strerror(errno.EIO), path)
-            return real(path, start)
+            return real(path, start, **bounds)
 
         monkeypatch.setattr(spool_module, "read_segment", read_segment)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from yoloedge.publish.spool import Record, Spool
+from yoloedge.publish.spool import CORRUPT_KEPT, Record, Spool, SpoolRefused, encode_record
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -175,17 +176,6 @@ def test_records_written_before_kill_9_are_recovered(tmp_path):
     again.close()
 
 
-def test_foreign_files_in_the_directory_are_left_alone(tmp_path):
-    (tmp_path / "README").write_text("not a segment")
-    (tmp_path / f"{0:020d}.seg").write_bytes(os.urandom(64))  # garbage under a segment name
-    spool = Spool(str(tmp_path), limit_bytes=1 << 20)
-    assert spool.open() == 0 and spool.discarded_bytes == 64
-    assert (tmp_path / "README").exists()
-    spool.append(_record(1))
-    assert [r for _, r in spool.read(10, 1 << 20)] == [_record(1)]
-    spool.close()
-
-
 class _Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -326,13 +316,24 @@ def test_a_real_file_size_limit_mid_record_is_cut_back(tmp_path):
     again.close()
 
 
-def test_a_failed_recovery_does_not_keep_the_directory_locked(tmp_path):
-    (tmp_path / f"{0:020d}.seg").mkdir()  # not a file: recovery fails
-    with pytest.raises(OSError):
+def test_a_failed_recovery_does_not_keep_the_directory_locked(tmp_path, monkeypatch):
+    import yoloedge.publish.spool as spool_module
+
+    first = Spool(str(tmp_path), limit_bytes=1 << 20)
+    first.open()
+    first.append(_record(0))
+    first.close()
+    real = spool_module.read_segment
+
+    def failing(path, start=0, **bounds):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), path)  # the disk fails while recovering
+
+    monkeypatch.setattr(spool_module, "read_segment", failing)
+    with pytest.raises(OSError, match="Input/output error"):
         Spool(str(tmp_path), limit_bytes=1 << 20).open()
-    (tmp_path / f"{0:020d}.seg").rmdir()
+    monkeypatch.setattr(spool_module, "read_segment", real)
     again = Spool(str(tmp_path), limit_bytes=1 << 20)  # the same process tries again (a reload)
-    assert again.open() == 0
+    assert again.open() == 1
     again.close()
 
 
@@ -428,3 +429,264 @@ def test_a_truncated_segment_loses_only_its_tail_once(tmp_path):
     assert len(_segments(tmp_path)) == 2
     assert spool.read(100, 1 << 20) == [(seq, _record(6))]
     spool.close()
+
+
+# -- only its own files, bounded ------------------------------------------------------------------
+
+def _segment_name(seq: int) -> str:
+    """A segment's name as the module docstring gives it: the first seq in 20 digits, `.seg`."""
+    return f"{seq:020d}.seg"
+
+
+def _write_spool(directory: Path, count: int) -> Path:
+    """A spool of `count` records (0..count-1), closed; returns its one segment."""
+    spool = Spool(str(directory), limit_bytes=1 << 20)
+    spool.open()
+    for i in range(count):
+        spool.append(_record(i))
+    spool.close()
+    [segment] = _segments(directory)
+    return segment
+
+
+def _in_child(directory: Path, body: str, timeout: float = 60, memory_mib: int = 256) -> list:
+    """Run `body` (with `spool`, a Spool on `directory`, and `_record` at hand) in a child process
+    and return what it printed as JSON. A hang fails on the timeout instead of hanging the run, and
+    the child's address space is capped `memory_mib` above what it holds before `body`, so an
+    unbounded read ends in MemoryError rather than in the machine swapping."""
+    child = textwrap.dedent("""
+        import json, os, resource, sys
+        sys.path.insert(0, {repo!r})
+        sys.path.insert(0, {tests!r})
+        from test_spool import _record
+        from yoloedge.publish.spool import Spool
+        with open("/proc/self/statm") as f:
+            cap = int(f.read().split()[0]) * resource.getpagesize() + {memory} * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        spool = Spool({directory!r}, limit_bytes=1 << 30)
+    """).format(repo=str(REPO), tests=str(Path(__file__).parent), memory=memory_mib, directory=str(directory))
+    try:
+        proc = subprocess.run([sys.executable, "-c", child + textwrap.dedent(body)], capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the spool did not return within {timeout} s (it hangs)")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+_OPEN_READ_APPEND = """
+    recovered = spool.open()
+    payloads = [int(r.payload[:6]) for _, r in spool.read(1000, 1 << 30)]
+    seq = spool.append(_record(99))
+    spool.close()
+    print(json.dumps([recovered, payloads, seq, spool.skipped]))
+"""
+
+
+def test_a_fifo_named_like_a_segment_is_skipped_without_blocking(tmp_path):
+    """open() of a FIFO waits for a writer, forever: start-up never got to READY."""
+    _write_spool(tmp_path, 2)
+    fifo = tmp_path / _segment_name(5)
+    os.mkfifo(fifo)
+    recovered, payloads, seq, skipped = _in_child(tmp_path, _OPEN_READ_APPEND)
+    assert (recovered, payloads) == (2, [0, 1])
+    assert seq == 6  # never a segment under the FIFO's name
+    assert len(skipped) == 1 and "FIFO" in skipped[0] and fifo.name in skipped[0]
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)  # left as it is
+
+
+def test_a_segment_that_is_a_symlink_to_a_device_is_not_followed(tmp_path):
+    """A symlink to /dev/zero was read without end: gigabytes, then MemoryError, at every start."""
+    _write_spool(tmp_path, 2)
+    link = tmp_path / _segment_name(7)
+    link.symlink_to("/dev/zero")
+    recovered, payloads, seq, skipped = _in_child(tmp_path, _OPEN_READ_APPEND)
+    assert (recovered, payloads, seq) == (2, [0, 1], 8)
+    assert len(skipped) == 1 and "symlink" in skipped[0]
+    assert os.readlink(link) == "/dev/zero"
+
+
+def test_a_huge_segment_is_read_only_within_the_segment_bound(tmp_path):
+    """A 3 GiB segment (sparse) holds 3 records, then zeros: the records are recovered in bounded
+    memory and the file itself is moved aside as it is, not read whole."""
+    segment = _write_spool(tmp_path, 3)
+    records_end = segment.stat().st_size
+    huge = 3 * 1024 ** 3
+    os.truncate(segment, huge)
+    recovered, payloads, seq, _ = _in_child(tmp_path, _OPEN_READ_APPEND, memory_mib=256)
+    assert (recovered, payloads, seq) == (3, [0, 1, 2], 3)
+    aside = tmp_path / f"{segment.name}.corrupt-1"
+    assert aside.stat().st_size == huge  # moved aside, not truncated
+    with open(segment, "rb") as f:
+        fresh = f.read()
+    with open(aside, "rb") as f:
+        assert f.read(records_end) == fresh[:records_end]
+
+
+def test_a_segment_replaced_by_a_fifo_while_running_is_lost_without_blocking(tmp_path):
+    body = """
+        spool = Spool(spool.directory, limit_bytes=1 << 20, segment_bytes=1000)
+        spool.open()
+        for i in range(60):
+            spool.append(_record(i))
+        first = sorted(n for n in os.listdir(spool.directory) if n.endswith(".seg"))[0]
+        os.unlink(os.path.join(spool.directory, first))
+        os.mkfifo(os.path.join(spool.directory, first))
+        got = [int(r.payload[:6]) for _, r in spool.read(1000, 1 << 30)]
+        spool.sync(force=True)  # fsyncs what is unacknowledged: must not open the FIFO either
+        spool.close()
+        print(json.dumps([got, spool.unreadable]))
+    """
+    got, unreadable = _in_child(tmp_path, body)
+    assert 0 < unreadable < 60 and got == list(range(unreadable, 60))
+
+
+def test_foreign_files_are_left_alone_and_the_directory_is_refused(tmp_path):
+    """A directory that holds anything the spool did not write is not the spool's: nothing in it
+    is truncated, deleted or created (not even the lock)."""
+    (tmp_path / "README").write_bytes(b"not a segment")
+    (tmp_path / _segment_name(0)).write_bytes(os.urandom(64))  # garbage under a segment name
+    (tmp_path / "notes").mkdir()
+    for path in tmp_path.iterdir():
+        os.utime(path, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    before = {p.name: (p.is_dir() or p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()}
+    with pytest.raises(SpoolRefused, match=r"holds files the spool did not write \('README', 'notes'\)"):
+        Spool(str(tmp_path), limit_bytes=1 << 20).open()
+    after = {p.name: (p.is_dir() or p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()}
+    assert after == before
+
+
+def test_garbage_under_a_segment_name_is_moved_aside_not_deleted(tmp_path):
+    garbage = b"\xff" * 64  # a record length no record can have
+    (tmp_path / _segment_name(0)).write_bytes(garbage)
+    spool = Spool(str(tmp_path), limit_bytes=1 << 20)
+    assert spool.open() == 0 and spool.discarded_bytes == 64
+    assert spool.set_aside == [f"{_segment_name(0)}.corrupt-1"]
+    assert (tmp_path / spool.set_aside[0]).read_bytes() == garbage
+    spool.append(_record(1))
+    assert [r for _, r in spool.read(10, 1 << 20)] == [_record(1)]
+    spool.close()
+
+
+def test_a_corrupt_segment_is_moved_aside_and_its_valid_records_recovered(tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="yoloedge")
+    segment = _write_spool(tmp_path, 4)
+    data = bytearray(segment.read_bytes())
+    data[2 * _on_disk_size(0) + 30] ^= 0xFF  # inside record 2's payload: its CRC fails
+    segment.write_bytes(bytes(data))
+    mtime = segment.stat().st_mtime_ns
+
+    again = Spool(str(tmp_path), limit_bytes=1 << 20)
+    assert again.open() == 2
+    assert [r for _, r in again.read(100, 1 << 20)] == [_record(0), _record(1)]
+    aside = tmp_path / f"{segment.name}.corrupt-1"
+    assert aside.read_bytes() == bytes(data) and aside.stat().st_mtime_ns == mtime  # as it was
+    assert segment.read_bytes() == bytes(data[:2 * _on_disk_size(0)])  # the valid records, alone
+    assert not list(tmp_path.glob("*.tmp"))
+    [line] = [r.getMessage() for r in caplog.records if aside.name in r.getMessage()]
+    assert f"{tmp_path}: {segment.name} is damaged (a CRC mismatch at byte {2 * _on_disk_size(0)})" in line
+    again.close()
+
+    third = Spool(str(tmp_path), limit_bytes=1 << 20)  # nothing damaged is left: nothing moves
+    assert third.open() == 2 and third.set_aside == []
+    assert aside.read_bytes() == bytes(data)
+    third.close()
+
+
+def _raw_segment(directory: Path, name_seq: int, seqs: list[int]) -> None:
+    """A segment file named for `name_seq` holding records with these seqs, in the documented
+    format (encode_record is that format's one implementation; its bytes are checked against the
+    documented sizes in the tests above)."""
+    data = b"".join(encode_record(seq, _record(seq)) for seq in seqs)
+    (directory / _segment_name(name_seq)).write_bytes(data)
+
+
+def test_seqs_out_of_order_or_overlapping_are_damage_that_keeps_the_rest(tmp_path):
+    _raw_segment(tmp_path, 0, [0, 1, 3])  # a gap: 0 and 1 are kept
+    _raw_segment(tmp_path, 1, [1])  # overlaps the valid part of the one before
+    _raw_segment(tmp_path, 10, [11, 12])  # does not start with the seq in its name
+    _raw_segment(tmp_path, 20, [20, 21])  # intact
+    spool = Spool(str(tmp_path), limit_bytes=1 << 20)
+    assert spool.open() == 4
+    assert [seq for seq, _ in spool.read(100, 1 << 20)] == [0, 1, 20, 21]
+    assert sorted(spool.set_aside) == [f"{_segment_name(0)}.corrupt-1", f"{_segment_name(1)}.corrupt-2",
+                                       f"{_segment_name(10)}.corrupt-3"]
+    assert spool.append(_record(22)) == 22
+    spool.close()
+
+
+def test_the_moved_aside_segments_are_bounded(tmp_path):
+    """A crash loop that damages a segment at every start must not fill the disk: the newest
+    CORRUPT_KEPT moved-aside files are kept."""
+    runs = CORRUPT_KEPT + 3
+    for run in range(runs):
+        (tmp_path / _segment_name(0)).write_bytes(b"\xff" * 64)
+        spool = Spool(str(tmp_path), limit_bytes=1 << 20)
+        spool.open()
+        assert spool.set_aside == [f"{_segment_name(0)}.corrupt-{run + 1}"]
+        spool.close()
+    kept = sorted(int(p.name.rsplit("-", 1)[1]) for p in tmp_path.glob("*.corrupt-*"))
+    assert kept == list(range(runs - CORRUPT_KEPT + 1, runs + 1))
+    assert Spool(str(tmp_path), limit_bytes=1 << 20).open() == 0  # none of them counts as a segment
+
+
+@pytest.mark.parametrize("crashed", ["before the original was moved", "after the original was moved"])
+def test_a_crash_while_a_segment_is_moved_aside_loses_nothing(tmp_path, crashed):
+    """The documented steps: the valid records are copied to `<name>.tmp` (fsynced), the original
+    is renamed to `<name>.corrupt-K`, the copy to `<name>`. A crash between them loses nothing."""
+    segment = _write_spool(tmp_path, 3)
+    data = segment.read_bytes()
+    valid = data[:2 * _on_disk_size(0)]
+    tmp = tmp_path / f"{segment.name}.tmp"
+    tmp.write_bytes(valid)
+    if crashed == "before the original was moved":
+        segment.write_bytes(data[:-3])  # torn third record
+    else:
+        segment.rename(tmp_path / f"{segment.name}.corrupt-1")
+    spool = Spool(str(tmp_path), limit_bytes=1 << 20)
+    assert spool.open() == 2
+    assert [r for _, r in spool.read(100, 1 << 20)] == [_record(0), _record(1)]
+    assert not tmp.exists() and segment.read_bytes() == valid
+    assert len(list(tmp_path.glob("*.corrupt-*"))) == 1
+    spool.close()
+
+
+@pytest.mark.parametrize("case", ["symlink", "fifo"])
+def test_a_lock_file_that_is_not_a_regular_file_is_refused(tmp_path, case):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    directory = tmp_path / "spool"
+    directory.mkdir(mode=0o700)
+    if case == "symlink":
+        (directory / "lock").symlink_to(elsewhere / "target")
+    else:
+        os.mkfifo(directory / "lock")
+    with pytest.raises(SpoolRefused, match="not the spool's lock file"):
+        Spool(str(directory), limit_bytes=1 << 20).open()
+    assert not (elsewhere / "target").exists()  # a symlink is not followed, not even to create
+    assert (directory / "lock").is_symlink() if case == "symlink" else stat.S_ISFIFO((directory / "lock").lstat().st_mode)
+
+
+@pytest.mark.parametrize("case", ["symlink", "world-writable", "foreign owner"])
+def test_a_directory_that_others_control_is_refused(tmp_path, case):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    directory = real
+    if case == "symlink":
+        directory = tmp_path / "link"
+        directory.symlink_to(real)
+        words = re.escape(f"is a symbolic link (to {real})")
+    elif case == "world-writable":
+        real.chmod(0o777)
+        words = "writable by every user"
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("giving a directory to another user needs root")
+        os.chown(real, 65534, 65534)
+        words = "owned by uid 65534"
+    with pytest.raises(SpoolRefused, match=words):
+        Spool(str(directory), limit_bytes=1 << 20).open()
+    assert list(real.iterdir()) == []  # not even the lock

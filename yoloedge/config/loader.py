@@ -29,6 +29,7 @@ from ..files import FileProblem, file_type, read_bounded
 from ..model.labels import MAX_CLASSES, MAX_LABELS_BYTES
 from ..postprocess.layouts import FORMATS
 from ..redact import SECRETS
+from ..spooldir import directory_problem as spool_directory_problem
 from .accelerators import check_model_file_kind, default_accelerators, read_accelerators
 from .cameras import check_camera_accelerators, read_cameras
 from .errors import ConfigError, ConfigIssue, IssueLog
@@ -355,22 +356,24 @@ def _host_address(text: str) -> str | None:
 
 
 def read_spool_dir(ctx: Context, item: Item) -> Any:
-    """null (no spool), or a directory the daemon can write, or create (as 0700) where its
-    nearest existing parent is writable: found now, not at the first outage."""
+    """null (no spool), or a directory of the spool's own (`yoloedge.spooldir`: no symlink, no
+    system directory, no other files in it) that the daemon can write, or create (as 0700) where
+    its nearest existing parent is writable: found now, not at the first outage. Run as root,
+    `check` cannot know the service's user, so the directory's owner is then left to the spool."""
     if item.value is None:
         return None
     text = Text()(ctx, item)
     if text is INVALID:
         return INVALID
     path = ctx.resolve_path(text)
+    problem = spool_directory_problem(path, check_owner=os.geteuid() != 0)
+    if problem is not None:
+        return ctx.problem(item, f"spool directory refused: {problem.message}", problem.fix)
     if os.path.isdir(path):
         if not os.access(path, os.W_OK | os.X_OK):
             return ctx.problem(item, f"the spool directory {path} is not writable by this user",
                                "make it writable (chown it to the daemon's user), or pick another")
         return path
-    if os.path.lexists(path):
-        return ctx.problem(item, f"{path} exists and is not a directory",
-                           "spool_dir names a directory, e.g. spool_dir: /var/lib/yoloedge/spool")
     parent = os.path.dirname(path)
     while parent != os.path.dirname(parent) and not os.path.lexists(parent):
         parent = os.path.dirname(parent)

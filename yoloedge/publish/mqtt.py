@@ -279,7 +279,7 @@ class MqttPublisher:
             logger.log(logging.WARNING if spool.discarded_bytes else logging.INFO,
                        "MQTT: spool %s: %d message(s) from the previous run to send%s",
                        spool.directory, recovered,
-                       f"; {spool.discarded_bytes} byte(s) of torn or corrupt records discarded"
+                       f"; {spool.discarded_bytes} byte(s) of torn or corrupt records moved aside"
                        if spool.discarded_bytes else "")
         self._spool_thread = threading.Thread(target=self._spool_loop, args=(spool,),
                                               name="mqtt-spool", daemon=True)

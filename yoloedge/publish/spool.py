@@ -11,11 +11,23 @@ topic payload` (flags: QoS in bits 0-1, retain in bit 2). A segment is closed wh
 `segment_bytes`; the next append opens the next one. One process at a time: `open()` takes an
 exclusive lock on `<dir>/lock` (two daemons sharing a spool would send each other's records).
 
-Recovery (`open`): each segment is read record by record; a record cut short (a torn write at a
-crash) or whose CRC does not match ends that segment: it and everything after it in that file is
-cut off and counted in `discarded`. Acknowledgements are not written to disk, so every record
-that survived is sent again after a restart: delivery is at-least-once across a restart, in
-order; within one run every record is delivered once per connection (see publish/mqtt.py).
+Recovery (`open`): the spool uses only a directory of its own (`yoloedge.spooldir`: not a
+symlink, a system directory, writable by everyone or owned by another user, and holding only the
+spool's names); otherwise `open` raises `SpoolRefused` and touches nothing. In it, only regular
+files named exactly like segments are read, opened without following a link or blocking (a FIFO,
+a device or a symlink under a segment's name is skipped, logged, and left as it is), and read
+within bounds: no record may start past the largest segment the spool writes, so a huge or endless
+file costs at most that plus one record. Each segment is read record by record; the first record
+that is torn (cut short at a crash), fails its CRC, cannot be decoded or is not the next seq (the
+first must be the one in the name; a segment whose seqs overlap the one before it is damaged as a
+whole) ends its valid part. A damaged segment is never truncated or deleted: its valid records are
+copied into a fresh segment of the same name (written as `<name>.tmp` and fsynced first, so a crash
+half-way loses nothing) and the original is moved aside as `<name>.corrupt-K` and named in the
+log. Moved-aside files are not read again and not counted in the spool's size; the newest
+`CORRUPT_KEPT` are kept (older ones are deleted, logged), so a crash loop cannot fill the disk.
+Acknowledgements are not written to disk, so every record that survived is sent again after a
+restart: delivery is at-least-once across a restart, in order; within one run every record is
+delivered once per connection (see publish/mqtt.py).
 
 Durability (fsync policy): the publisher calls `sync()` about once a second (`fsync_interval_s`),
 and `close()` at stop. A tick fsyncs each segment holding a record that was written before the
@@ -34,26 +46,30 @@ A failed write (disk full, EIO, a short write): `append` cuts the segment back t
 record, seals it and raises, so the caller keeps that message elsewhere; a torn record in the
 middle of a segment would hide every record after it, in this run and after a restart. The next
 append starts a new segment, so even when the cut fails the torn bytes end a segment, where
-recovery cuts them off without losing anything after them.
+recovery stops without losing anything after them. A new segment is always a new file (O_EXCL,
+O_NOFOLLOW): never one that is there already, nor what a symlink points at.
 
 Files changed under it (the directory or a segment deleted, a segment truncated or replaced by
-a directory, a read error): the records that can no longer be read are acknowledged as lost and
-counted in `unreadable` (one already handed to the MQTT client may still arrive), never retried
-forever, so delivery goes on with the next readable record.
+a directory, a FIFO or a symlink, which are never opened, a read error): the records that can no
+longer be read are acknowledged as lost and counted in `unreadable` (one already handed to the MQTT
+client may still arrive), never retried forever, so delivery goes on with the next readable record.
 The directory (and its lock) is created again when it is gone, at the next new segment or `sync()`;
 appends never go on into a deleted segment file (its records could not be read back).
 
-Thread-safe: one internal lock, a leaf (no callback or other lock is taken while it is held),
-held only for memory and page-cache work, never for an fsync: the MQTT client appends, acks and
-reads the counters from its network thread and from every publish, and an fsync on an SD card
-during an outage can take seconds. fsyncs run on duplicated descriptors outside it, one sync at
-a time (`_sync_lock`). `unacked`, `has_unsent` and `size_bytes` read plain counters, lock-free.
+Thread-safe: one internal lock, a leaf (no callback, log call or other lock is taken while it is
+held: what recovery has to say is logged once `open` has released it), held only for memory and
+page-cache work, never for an fsync (except in `open`, before anyone else can use the spool, for a
+damaged segment's copy): the MQTT client appends, acks and reads the counters from its network
+thread and from every publish, and an fsync on an SD card during an outage can take seconds. fsyncs
+run on duplicated descriptors outside it, one sync at a time (`_sync_lock`). `unacked`,
+`has_unsent` and `size_bytes` read plain counters, lock-free.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import stat
 import struct
@@ -63,8 +79,20 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-SEGMENT_SUFFIX = ".seg"
-LOCK_NAME = "lock"
+from ..files import file_type
+from ..spooldir import (CORRUPT_INFIX, LOCK_NAME, SEGMENT_SUFFIX, TMP_SUFFIX, Kind, classify, corrupt_number,
+                        directory_problem, name_seq, segment_name)
+
+__all__ = ["LOCK_NAME", "SEGMENT_SUFFIX", "NotRegularFile", "Record", "SegmentScan", "Spool", "SpoolRefused",
+           "encode_record", "read_segment"]
+
+logger = logging.getLogger(__name__)
+
+#: the size of a segment at which the spool starts the next one (less with a small limit_bytes).
+DEFAULT_SEGMENT_BYTES = 4 << 20
+#: how many damaged segments moved aside are kept (the oldest beyond are deleted).
+CORRUPT_KEPT = 8
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _HEADER = struct.Struct(">II")  # body length, crc32(body)
 _BODY = struct.Struct(">QBH")  # seq, flags, topic length
 _RETAIN = 0x04
@@ -107,6 +135,14 @@ class _Segment:
         return self.count - len(self.acked)
 
 
+def _is_directory(path: str) -> bool:
+    """A directory itself, not a symlink to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def encode_record(seq: int, record: Record) -> bytes:
     topic = record.topic.encode("utf-8")
     flags = (record.qos & 0x03) | (_RETAIN if record.retain else 0)
@@ -121,40 +157,147 @@ def _decode_body(body: bytes) -> tuple[int, Record]:
     return seq, Record(topic, body[start + topic_len:], flags & 0x03, bool(flags & _RETAIN))
 
 
-def read_segment(path: str, start: int = 0) -> tuple[list[tuple[int, Record]], int, int]:
-    """Records of one segment file from byte `start` on, the byte offset where the valid part
-    ends, and the file size. Stops at the first torn or corrupt record: nothing after it can be
-    trusted to be a record."""
+class SpoolRefused(OSError):
+    """The directory is not one the spool may use (see `yoloedge.spooldir`); the message says why
+    and what to do. An OSError, so the publisher treats it as a spool that cannot be opened."""
+
+
+class NotRegularFile(OSError):
+    """A name of the spool's that is not a regular file: a FIFO, a device, a directory, a symlink."""
+
+
+def _open_regular(path: str) -> int:
+    """A read-only descriptor of the regular file at `path`. Unlike `files.opened_regular` (for files
+    an operator names), never follows a symlink; never opens what is not a regular file (opening a
+    device can have effects of its own), never blocks (a FIFO renamed into place between lstat and
+    open); NotRegularFile for anything else."""
+    info = os.lstat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise NotRegularFile(f"{path} is {file_type(info.st_mode)}, not a regular file")
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # replaced by a symlink since the lstat
+            raise NotRegularFile(f"{path} is a symlink, not a regular file") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFile(f"{path} is {file_type(mode)}, not a regular file")
+    return fd
+
+
+def _pread(fd: int, count: int, offset: int) -> bytes:
+    """Up to `count` bytes at `offset` (fewer only at the end of the file)."""
+    chunks: list[bytes] = []
+    while count > 0:
+        chunk = os.pread(fd, min(count, 1 << 24), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        count -= len(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+@dataclass
+class SegmentScan:
+    """What `read_segment` found: the valid records, the byte offset where they end, the file's
+    size, and what ended them before the end of the file (None: nothing, it is intact)."""
+
+    records: list[tuple[int, Record]]
+    valid_end: int
+    size: int
+    damage: str | None
+
+
+def read_segment(path: str, start: int = 0, *, end: int | None = None, first_seq: int | None = None,
+                 starts_below: int | None = None) -> SegmentScan:
+    """The records of the segment file at `path` from byte `start` on, read within bounds: never
+    past `end` (the bytes the spool wrote; default the file's size), and no record may start at or
+    past `starts_below` (a segment is closed once it is that long: a record there is not the
+    spool's). Stops at the first record that is torn, fails its CRC, cannot be decoded or is not the
+    next seq (`first_seq` for the first one): nothing after it can be trusted to be a record.
+    NotRegularFile for what is not a regular file; OSError when it cannot be read."""
+    fd = _open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        stop = size if end is None else min(end, size)
+        return _scan(fd, start, stop, first_seq, starts_below, size)
+    finally:
+        os.close(fd)
+
+
+def _scan(fd: int, start: int, stop: int, expect: int | None, starts_below: int | None,
+          size: int) -> SegmentScan:
+    """See read_segment. Reads the part where records may start in one go, and at most the rest
+    of one record beyond it."""
+    window_end = stop if starts_below is None else min(stop, max(start, starts_below))
+    window = _pread(fd, window_end - start, start)
+
+    def span(lo: int, hi: int) -> bytes:
+        if hi - start <= len(window):
+            return window[lo - start:hi - start]
+        head = window[lo - start:] if lo - start < len(window) else b""
+        return head + _pread(fd, hi - lo - len(head), lo + len(head))
+
     records: list[tuple[int, Record]] = []
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read()
-    offset = 0
-    while offset + _HEADER.size <= len(data):
-        length, crc = _HEADER.unpack_from(data, offset)
-        end = offset + _HEADER.size + length
-        if length < _BODY.size or length > _MAX_BODY or end > len(data):
+    offset = start
+    damage: str | None = None
+    while offset < stop and damage is None:
+        if starts_below is not None and offset >= starts_below:
+            damage = f"longer than the largest segment ({starts_below} bytes) from byte {offset} on"
             break
-        body = data[offset + _HEADER.size:end]
-        if zlib.crc32(body) != crc:
-            break
-        try:
-            records.append(_decode_body(body))
-        except (UnicodeDecodeError, struct.error):
-            break
-        offset = end
-    return records, start + offset, start + len(data)
+        record, length, damage = _record_at(offset, stop, expect, span)
+        if record is not None:
+            records.append(record)
+            expect = record[0] + 1
+            offset += length
+    return SegmentScan(records, offset, size, damage)
+
+
+def _record_at(offset: int, stop: int, expect: int | None,
+               span: Callable[[int, int], bytes]) -> tuple[tuple[int, Record] | None, int, str | None]:
+    """The record at `offset` and its length on disk, or None and what is wrong with it."""
+    header = span(offset, min(stop, offset + _HEADER.size))
+    if len(header) < _HEADER.size:
+        return None, 0, f"a record cut short at byte {offset}"
+    length, crc = _HEADER.unpack(header)
+    if length < _BODY.size or length > _MAX_BODY:
+        return None, 0, f"a record of impossible length {length} at byte {offset}"
+    end = offset + _HEADER.size + length
+    if end > stop:
+        return None, 0, f"a record cut short at byte {offset}"
+    body = span(offset + _HEADER.size, end)
+    if len(body) < length:
+        return None, 0, f"a record cut short at byte {offset}"
+    if zlib.crc32(body) != crc:
+        return None, 0, f"a CRC mismatch at byte {offset}"
+    try:
+        record = _decode_body(body)
+    except (UnicodeDecodeError, struct.error):
+        return None, 0, f"an undecodable record at byte {offset}"
+    if expect is not None and record[0] != expect:
+        return None, 0, f"seq {record[0]} at byte {offset} where {expect} was due"
+    return record, end - offset, None
 
 
 class Spool:
     """See the module docstring. `open()` before use, `close()` at the end."""
 
-    def __init__(self, directory: str, limit_bytes: int, segment_bytes: int = 4 << 20,
+    def __init__(self, directory: str, limit_bytes: int, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
                  fsync_interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
                  write: Callable[[int, bytes | memoryview], int] = os.write):
         self.directory = directory
         self.limit_bytes = limit_bytes
         self.segment_bytes = max(1, min(segment_bytes, limit_bytes // 4))
+        #: no record of a segment starts past this: the largest segment any spool writes (not only
+        #: this one: a lowered limit_bytes must not make the previous run's segments damaged).
+        self._read_bound = max(self.segment_bytes, DEFAULT_SEGMENT_BYTES)
         self.fsync_interval_s = fsync_interval_s
         self._clock = clock
         self._write = write  # injectable: tests make the disk fill in the middle of a record
@@ -172,7 +315,12 @@ class Spool:
         self._bytes = 0
         self._unacked = 0  # records not acknowledged, kept current under _lock, read without it
         self.recovered = 0
+        #: bytes of damaged segments not recovered at open (kept in the files moved aside).
         self.discarded_bytes = 0
+        self.set_aside: list[str] = []  # names of the damaged segments moved aside at open
+        self.skipped: list[str] = []  # the spool's names that are not regular files, left alone
+        self._aside: list[tuple[int, str]] = []  # (K, name) of the moved-aside segments, oldest first
+        self._notes: list[tuple[int, str, tuple[object, ...]]] = []  # what open() logs after _lock
         self.dropped = 0
         self.unreadable = 0  # records lost because their file changed under the spool
         self._closing = False  # close() began: the directory is not taken again
@@ -181,15 +329,15 @@ class Spool:
 
     def open(self) -> int:
         """Create the directory (0700) or recover what a previous run left; returns the number of
-        records recovered, all of which count as not yet sent."""
+        records recovered, all of which count as not yet sent. SpoolRefused, with nothing touched,
+        for a directory that is not the spool's own (see the module docstring)."""
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        self._check_directory()
         self._take_directory()
         self._closing = False
         try:
             with self._lock:
-                names = sorted(n for n in os.listdir(self.directory) if n.endswith(SEGMENT_SUFFIX))
-                for name in names:
-                    self._recover(os.path.join(self.directory, name))
+                self._recover_all()
                 self.recovered = self._unacked = sum(s.count for s in self._segments)
                 self._cursor = self._segments[0].first_seq if self._segments else self._next_seq
                 return self.recovered
@@ -199,25 +347,66 @@ class Spool:
             self._segments, self._bytes, self._next_seq, self._unacked = [], 0, 0, 0
             self._release_directory()
             raise
+        finally:
+            self._log_notes()  # outside _lock, which stays a leaf (logging takes handler locks)
+
+    def _note(self, level: int, message: str, *args: object) -> None:
+        """Log this once open() has released _lock. Caller holds _lock."""
+        self._notes.append((level, message, args))
+
+    def _log_notes(self) -> None:
+        notes, self._notes = self._notes, []
+        for level, message, args in notes:
+            logger.log(level, message, *args)
+
+    def _check_directory(self) -> None:
+        """SpoolRefused for a directory that is not the spool's own. The spool's names as something
+        else than regular files pass here: recovery skips them."""
+        problem = directory_problem(self.directory, refuse_not_regular=False)
+        if problem is not None:
+            raise SpoolRefused(str(problem))
 
     def _take_directory(self) -> None:
-        fd = os.open(os.path.join(self.directory, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        """Lock the directory through `lock`: a regular file, never a link followed or a device
+        opened (lstat first; O_NOFOLLOW and fstat against a swap in between)."""
+        path = os.path.join(self.directory, LOCK_NAME)
         try:
+            mode: int | None = os.lstat(path).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            raise SpoolRefused(f"{path} is {file_type(mode)}, not the spool's lock file; remove it")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                         | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise SpoolRefused(f"{path} is a symlink, not the spool's lock file; remove it") from None
+            raise
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise SpoolRefused(f"{path} is {file_type(mode)}, not the spool's lock file; remove it")
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise OSError(errno.EBUSY, "in use by another process", self.directory) from None
+        except BaseException:
+            os.close(fd)
+            raise
         self._lock_fd = fd
 
     def _ensure_directory_locked(self) -> None:
         """Create the directory and take its lock again when someone deleted it (or its lock
         file) while we run: otherwise every new segment would fail, or another process could
-        take the new directory. Caller holds _lock."""
+        take the new directory. What takes its place must pass the same test as at open.
+        Caller holds _lock."""
         fd = self._lock_fd
-        if fd is not None and os.fstat(fd).st_nlink > 0 and os.path.isdir(self.directory):
+        if fd is not None and os.fstat(fd).st_nlink > 0 and _is_directory(self.directory):
             return
         self._release_directory()
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        self._check_directory()
         self._take_directory()
         self._dir_dirty = True
 
@@ -226,22 +415,124 @@ class Spool:
             fd, self._lock_fd = self._lock_fd, None
             os.close(fd)  # releases the directory for the next run
 
-    def _recover(self, path: str) -> None:
-        records, valid_end, size = read_segment(path)
-        if valid_end < size:
-            self.discarded_bytes += size - valid_end
-            with open(path, "r+b") as f:
-                f.truncate(valid_end)
-                os.fsync(f.fileno())
-        seqs = [seq for seq, _ in records]
-        consecutive = seqs == list(range(seqs[0], seqs[0] + len(seqs))) if seqs else False
-        if not consecutive or (self._segments and seqs[0] < self._next_seq):
-            os.unlink(path)  # empty, or not written by this code: nothing usable in it
-            self.discarded_bytes += valid_end
+    def _recover_all(self) -> None:
+        """Read every segment, oldest first; damaged ones are moved aside (module docstring).
+        Caller holds _lock."""
+        self.set_aside, self.skipped = [], []
+        self._finish_interrupted(os.listdir(self.directory))
+        names = os.listdir(self.directory)
+        self._aside = sorted((corrupt_number(n), n) for n in names if classify(n) is Kind.CORRUPT)
+        for name in sorted(n for n in names if classify(n) is Kind.SEGMENT):
+            self._recover(name)
+
+    def _finish_interrupted(self, names: list[str]) -> None:
+        """A `<name>.tmp` left by a crash while a damaged segment was moved aside: when the original
+        is still there the copy starts over; when it was moved aside already, the copy (fsynced
+        before that) takes its place."""
+        for name in names:
+            if classify(name) is not Kind.TMP:
+                continue
+            tmp = os.path.join(self.directory, name)
+            if not stat.S_ISREG(os.lstat(tmp).st_mode):
+                self._skip(NotRegularFile(f"{tmp} is not a regular file"), name_seq(name))
+                continue
+            original = tmp[:-len(TMP_SUFFIX)]
+            if os.path.lexists(original):
+                os.unlink(tmp)
+            else:
+                os.rename(tmp, original)
+                self._note(logging.INFO, "MQTT: spool %s: %s: the valid records of a damaged segment, copied "
+                           "out before a crash, take its place", self.directory, os.path.basename(original))
+
+    def _recover(self, name: str) -> None:
+        path = os.path.join(self.directory, name)
+        seq = name_seq(name)
+        try:
+            scan = read_segment(path, first_seq=seq, starts_below=self._read_bound)
+        except NotRegularFile as exc:
+            self._skip(exc, seq)
             return
-        self._segments.append(_Segment(seqs[0], path, valid_end, len(seqs), synced_upto=seqs[-1] + 1))
-        self._bytes += valid_end
-        self._next_seq = seqs[-1] + 1
+        if seq < self._next_seq:
+            scan = SegmentScan([], 0, scan.size, f"its seqs overlap those of the segment before it "
+                                                 f"(up to {self._next_seq - 1})")
+        if scan.damage is not None:
+            self._set_aside(name, scan)
+        elif scan.records:
+            self._add_recovered(path, scan)
+        else:
+            os.unlink(path)  # empty: created just before a crash, nothing in it
+
+    def _skip(self, exc: NotRegularFile, seq: int) -> None:
+        """Leave what is not a regular file as it is, and never create a segment of that name."""
+        self.skipped.append(str(exc))
+        self._next_seq = max(self._next_seq, seq + 1)
+        self._note(logging.WARNING, "MQTT: spool %s: skipped: %s; the spool reads and writes only regular "
+                   "files of its own, and leaves this one as it is", self.directory, exc)
+
+    def _add_recovered(self, path: str, scan: SegmentScan) -> None:
+        records = scan.records
+        self._segments.append(_Segment(records[0][0], path, scan.valid_end, len(records),
+                                       synced_upto=records[-1][0] + 1))
+        self._bytes += scan.valid_end
+        self._next_seq = records[-1][0] + 1
+
+    def _set_aside(self, name: str, scan: SegmentScan) -> None:
+        """Move a damaged segment aside as `<name>.corrupt-K`, its valid records copied into a
+        fresh segment of the same name first (see the module docstring)."""
+        path = os.path.join(self.directory, name)
+        tmp = path + TMP_SUFFIX
+        if scan.records:
+            self._copy_prefix(path, tmp, scan.valid_end)
+        number = self._aside[-1][0] + 1 if self._aside else 1
+        aside = f"{name}{CORRUPT_INFIX}{number}"
+        os.rename(path, os.path.join(self.directory, aside))
+        self._aside.append((number, aside))
+        if scan.records:
+            os.rename(tmp, path)
+            self._add_recovered(path, scan)
+        self._sync_directory()
+        self.set_aside.append(aside)
+        self.discarded_bytes += scan.size - scan.valid_end
+        self._note(logging.WARNING, "MQTT: spool %s: %s is damaged (%s): moved aside as %s, not deleted; "
+                   "%d record(s) before the damage are kept and sent, %d byte(s) from there on are not",
+                   self.directory, name, scan.damage, aside, len(scan.records), scan.size - scan.valid_end)
+        self._prune_aside()
+
+    def _copy_prefix(self, path: str, tmp: str, length: int) -> None:
+        """Copy the first `length` bytes of `path` into the new file `tmp`, fsynced."""
+        src = _open_regular(path)
+        try:
+            dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                offset = 0
+                while offset < length:
+                    chunk = os.pread(src, min(1 << 20, length - offset), offset)
+                    if not chunk:
+                        raise OSError(errno.EIO, "shorter than when it was read", path)
+                    self._write_all(dst, chunk)
+                    offset += len(chunk)
+                os.fsync(dst)
+            except BaseException:
+                os.close(dst)
+                os.unlink(tmp)  # should this fail, the next open deletes the stale copy
+                raise
+            os.close(dst)
+        finally:
+            os.close(src)
+
+    def _prune_aside(self) -> None:
+        """Keep the newest CORRUPT_KEPT moved-aside segments: a crash loop must not fill the disk."""
+        while len(self._aside) > CORRUPT_KEPT:
+            _, name = self._aside.pop(0)
+            path = os.path.join(self.directory, name)
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(mode):
+                os.unlink(path)
+                self._note(logging.WARNING, "MQTT: spool %s: deleted %s, the oldest damaged segment moved aside "
+                           "(the newest %d are kept)", self.directory, name, CORRUPT_KEPT)
 
     def close(self) -> None:
         """fsync and close; unacknowledged records stay on disk for the next run. The files and
@@ -306,8 +597,13 @@ class Spool:
         if self._file is not None:
             return self._segments[-1], self._file
         self._ensure_directory_locked()
-        path = os.path.join(self.directory, f"{seq:020d}{SEGMENT_SUFFIX}")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        path = os.path.join(self.directory, segment_name(seq))
+        try:  # a new file, never one that is there (whatever it is) or a link followed
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            self._next_seq = seq + 1  # the next append takes the next name
+            raise
         self._file = fd
         self._segments.append(_Segment(seq, path))
         self._dir_dirty = True
@@ -339,9 +635,10 @@ class Spool:
         self._bytes -= segment.size
         self._unacked -= segment.unacked
         try:
-            os.unlink(segment.path)
+            if stat.S_ISREG(os.lstat(segment.path).st_mode):  # a FIFO, link, directory there is not ours
+                os.unlink(segment.path)
         except OSError:
-            pass  # gone already, or replaced by a directory that is not ours to delete
+            pass  # gone already
         if self._segments:
             self._cursor = max(self._cursor, self._segments[0].first_seq)
         else:
@@ -394,8 +691,10 @@ class Spool:
         _, records, offset = cache
         if offset < segment.size:
             try:
-                more, offset, _ = read_segment(segment.path, offset)
-            except OSError:  # deleted, replaced by a directory, a read error
+                scan = read_segment(segment.path, offset, end=segment.size,
+                                    first_seq=segment.first_seq + len(records))
+                more, offset = scan.records, scan.valid_end
+            except OSError:  # deleted, replaced by a directory or a FIFO, a read error
                 more = []
             records.extend(more)
             self._read_cache = (segment, records, offset)
@@ -426,7 +725,7 @@ class Spool:
                 if segment is self._segments[-1] and self._file is not None:
                     intact = os.fstat(self._file).st_nlink > 0
                 else:
-                    intact = stat.S_ISREG(os.stat(segment.path).st_mode)
+                    intact = stat.S_ISREG(os.lstat(segment.path).st_mode)
             except OSError:
                 intact = False
             if not intact:
@@ -523,7 +822,7 @@ class Spool:
     def _descriptor(self, segment: _Segment) -> int:
         if segment is self._segments[-1] and self._file is not None:
             return os.dup(self._file)
-        return os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)  # fsync works read-only
+        return _open_regular(segment.path)  # fsync works read-only
 
     # ------------------------------------------------------------------ counters
 
