@@ -49,6 +49,9 @@ REPORT_EVERY_S = 60.0
 FAILING_FOR_S = 60.0
 #: connections refused with the reserve descriptor per failure (the rest wait for the next try).
 MAX_REFUSED_AT_ONCE = 64
+#: accept() tries per call: each retry follows room made (by `shed`, or a descriptor freed), and
+#: room that is taken again each time must not keep the I/O thread here.
+MAX_TRIES = 64
 _DRAIN_BYTES = 65536
 
 
@@ -84,7 +87,7 @@ class Acceptor:
         """The next waiting connection, or None when there is none to serve now (none waits, its
         client already left, or the process is short of descriptors: then the listener is paused).
         `shed()` closes one connection of the owner's to make room, and says whether it did."""
-        while True:
+        for _ in range(MAX_TRIES):
             try:
                 sock, address = listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -103,6 +106,8 @@ class Acceptor:
                 return None
             self._worked()
             return sock, address
+        self._pause(selector, listener)  # room was made again and again, and taken again: rest
+        return None
 
     def resume(self, selector: selectors.BaseSelector) -> None:
         """Watch the listener again once its pause is over (call it every turn of the loop)."""
@@ -178,12 +183,14 @@ class Acceptor:
         return False
 
     def _has_spare(self) -> bool:
-        """Whether a descriptor besides the reserve can be had now."""
+        """Whether a file besides the reserve can be opened now. Opened, not dup()ed: a dup needs
+        only a slot in this process's table, so it works under ENFILE (the system's table full),
+        where accept() still fails."""
         self._take_reserve()
         if self._reserve is None:
             return False
         try:
-            os.close(os.dup(self._reserve))
+            os.close(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
         except OSError:
             return False
         return True
