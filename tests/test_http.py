@@ -59,8 +59,12 @@ def base_config(tmp_path: Path, models: Path, broker, cameras: list[dict], http:
 
 
 
-def get(port: int, path: str, auth: tuple[str, str] | None = None, timeout: float = 10.0) -> tuple[int, dict, bytes]:
+def get(port: int, path: str, auth: tuple[str, str] | None = None, timeout: float = 10.0,
+        host: str | None = None) -> tuple[int, dict, bytes]:
+    """`host`: the Host header, as a page whose name was rebound to 127.0.0.1 would send it."""
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if host is not None:
+        request.add_header("Host", host)
     if auth is not None:
         token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
@@ -341,6 +345,16 @@ def test_metrics_and_api_status_agree_with_ctl_and_mqtt(tmp_path, models, media,
     api = json.loads(body)
     ctl_json = status(sock)
     assert without_timing(api) == without_timing(ctl_json)
+    # Both listeners in status, with their accept() counts.
+    assert api["http"] == {"listen": f"127.0.0.1:{port}", "accept_failures": 0, "refused": 0,
+                           "last_accept_failure": None, "accept_failing": False, "accept_error": None}
+    assert api["control"]["socket"] == sock and api["control"]["accept_failures"] == 0
+
+    # A page whose name was rebound to 127.0.0.1 gets nothing of the daemon's.
+    for path in ("/api/status", "/api/cameras/door/latest.jpg", "/", "/metrics"):
+        code, _, body = get(port, path, host=f"rebind.example:{port}")
+        assert code == 421 and b"door" not in body, (path, code, body[:200])
+    assert get(port, "/api/cameras/door/latest.jpg", host=f"localhost:{port}")[0] == 200
     assert daemon.stop() == 0, daemon.log[-3000:]
     assert refused(port), "the endpoint is closed by the staged shutdown"
 
@@ -362,7 +376,7 @@ def test_auth_limits_reload_and_off(tmp_path, models, media, mosquitto, subscrib
 
     # Remote listener, basic auth.
     config["http"] = {"listen": f"0.0.0.0:{port}", "allow_remote": True, "username": "prom",
-                      "password": "${YOLOEDGE_HTTP_PASSWORD}"}
+                      "password": "${YOLOEDGE_HTTP_PASSWORD}", "allowed_hosts": ["scraper.example"]}
     write_config(path, config)
     daemon.signal(signal.SIGHUP)
     notify.wait_for("READY", "1", timeout=30, count=2)
@@ -373,6 +387,10 @@ def test_auth_limits_reload_and_off(tmp_path, models, media, mosquitto, subscrib
     assert get(port, "/api/status", auth=("other", PASSWORD))[0] == 401
     assert get(port, "/api/status", auth=("prom", PASSWORD))[0] == 200
     auth = ("prom", PASSWORD)
+    # allowed_hosts: the names listed and loopback ones; others get 421, before any password.
+    assert get(port, "/api/status", auth=auth, host=f"scraper.example:{port}")[0] == 200
+    code, headers, _ = get(port, "/api/status", auth=auth, host="rebind.example")
+    assert code == 421 and "WWW-Authenticate" not in headers
 
     # 100 silent connections and a slowloris client: a scrape is answered, frames keep flowing.
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
@@ -403,13 +421,16 @@ def test_auth_limits_reload_and_off(tmp_path, models, media, mosquitto, subscrib
         for s in idle:
             s.close()
 
-    # Reload to another port: the old one closes, the new one serves.
+    # Reload to another port: the old one closes, the new one serves; without allowed_hosts, a
+    # remote listener answers any name.
     config["http"]["listen"] = f"0.0.0.0:{port2}"
+    del config["http"]["allowed_hosts"]
     write_config(path, config)
     daemon.signal(signal.SIGHUP)
     notify.wait_for("READY", "1", timeout=30, count=3)
     assert status(sock)["daemon"]["generation"] == 3
     assert refused(port) and get(port2, "/api/status", auth=auth)[0] == 200
+    assert get(port2, "/api/status", auth=auth, host="any.example")[0] == 200
 
     # A port that is taken: the reload is rejected and the endpoint stays where it was.
     with socket.socket() as taken:

@@ -562,7 +562,12 @@ class Daemon:
             "cameras": cameras,
             "mqtt": mqtt,
             "watchers": self.watchers.stats(),  # `yoloedge-ctl watch` clients: queued, dropped
+            **self._listener_stats(),  # "http", "control": where, and how accept() fares
         }
+
+    def _listener_stats(self) -> dict:
+        control = self.control
+        return {"http": self.http.stats(), "control": control.stats() if control is not None else {"socket": None}}
 
     def _problems(self) -> list[Problem]:
         problems = list(self.tracker.check())
@@ -587,6 +592,10 @@ class Daemon:
                                             "accepting it (see mqtt.last_error)"))
         if self.config_error:
             problems.append(Problem("config", "the last reload was rejected (configuration error)"))
+        for source, listener in self._listener_stats().items():  # out of file descriptors, most likely
+            if listener.get("accept_failing"):
+                problems.append(Problem(source, f"cannot accept connections: {listener['accept_error']} "
+                                                f"({listener['refused']} refused)"))
         return problems
 
     def _stats_message(self) -> dict:

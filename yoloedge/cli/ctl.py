@@ -49,7 +49,12 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
               "spooled": int | null (messages in mqtt.spool_dir; null without a spool),
               "delivered": int, "dropped": int, "ack_stalled": bool (connected, but nothing
               acknowledged for a while), "unstable": bool (the broker keeps closing fresh
-              connections), "last_error": str | null}}
+              connections), "last_error": str | null},
+     "http": {"listen": str | null (null: off or not bound), "accept_failures": int,
+              "refused": int (clients told "out of file descriptors" and closed),
+              "last_accept_failure": str | null (UTC), "accept_failing": bool,
+              "accept_error": str | null},
+     "control": {"socket": str | null, and the same accept counts}}  (the counts only while listening)
 
 The daemon may add keys (e.g. `daemon.device_id`, `daemon.restart_needed_for`: changed keys
 that only a restart applies); `status` shows what it knows and ignores the rest.

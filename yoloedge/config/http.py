@@ -5,6 +5,10 @@
 endpoint shows camera names, states and the network layout, and an address typed by habit
 (`0.0.0.0`) must not publish that to the whole network. Hosts are IP addresses (or `localhost`):
 the loader never resolves names, and whether a listener is loopback must be known here.
+
+`allowed_hosts` names the Host headers answered besides loopback names and the listen address
+(DNS rebinding, see `web.access`): names and addresses, no ports, compared as `web.access`
+compares them, so what is checked here is what is matched there.
 """
 
 from __future__ import annotations
@@ -13,11 +17,15 @@ import ipaddress
 import re
 from typing import Any
 
-from .fields import INVALID, Boolean, Context, Text, read_fields
+from ..web.access import normal_host
+from .fields import INVALID, Boolean, Context, Text, read_fields, sequence_or_report
 from .schema import HttpConfig
 from .yamltree import Item
 
 LISTEN_EXAMPLE = "e.g. listen: 127.0.0.1:8480, '[::1]:8480', or null to turn the endpoint off"
+ALLOWED_HOSTS_EXAMPLE = "e.g. allowed_hosts: [edge1.lan, 192.0.2.7]"
+#: the most names `allowed_hosts` takes: a box is reached by a few names, not by hundreds
+MAX_ALLOWED_HOSTS = 64
 _LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]+)):(?P<port>[0-9]{1,5})")
 
 
@@ -27,6 +35,7 @@ def read_http(ctx: Context, item: Item) -> Any:
     values = read_fields(ctx, item, {
         "listen": read_listen,
         "allow_remote": Boolean(),
+        "allowed_hosts": read_allowed_hosts,
         "username": Text(optional=True),
         "password": Text(optional=True, secret=True),
     })
@@ -62,6 +71,31 @@ def read_listen(ctx: Context, item: Item) -> Any:
     if not 1 <= port <= 65535:
         return ctx.bad_value(item, "must have a port from 1 to 65535", LISTEN_EXAMPLE)
     return (host, port)
+
+
+def read_allowed_hosts(ctx: Context, item: Item) -> Any:
+    """A list of host names or IP addresses (IPv6 with or without brackets), without ports; null
+    or [] for none. Stored in the form Host headers are compared in."""
+    if item.value is None:
+        return ()
+    children = sequence_or_report(ctx, item, "host names", MAX_ALLOWED_HOSTS)
+    if children is None:
+        return INVALID
+    hosts = []
+    for child in children:
+        text = Text(max_bytes=255)(ctx, child)
+        if text is INVALID:
+            hosts.append(INVALID)
+            continue
+        host = normal_host(text.strip())
+        if host is None:
+            with_port = re.fullmatch(r"(.+):[0-9]+", text.strip())
+            hint = ("leave out the port: it is not compared" if with_port and normal_host(with_port.group(1))
+                    else ALLOWED_HOSTS_EXAMPLE)
+            hosts.append(ctx.bad_value(child, "must be a host name or an IP address, without a port", hint))
+            continue
+        hosts.append(host)
+    return INVALID if INVALID in hosts else tuple(dict.fromkeys(hosts))
 
 
 def _is_address(host: str, v6: bool) -> bool:

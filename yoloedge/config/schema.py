@@ -140,6 +140,9 @@ class HttpConfig:
     #: (host, port) to listen on; None: no HTTP endpoint. Loopback unless `allow_remote`.
     listen: tuple[str, int] | None = ("127.0.0.1", 8480)
     allow_remote: bool = False  # a non-loopback `listen` must be asked for by name
+    #: Host names (or addresses) answered besides loopback ones and the listen address; empty:
+    #: none, or any under `allow_remote` (see `web.access`)
+    allowed_hosts: tuple[str, ...] = ()
     username: str | None = None  # basic auth (remote listeners only); both or neither
     password: str | None = field(default=None, repr=False)  # never in a repr or a log line
 

@@ -36,6 +36,10 @@ hold no handler: after the first reply the connection carries the stream's lines
 I/O thread as the socket takes them (its send buffer kept small), until the client disconnects. A
 watcher that stops reading fills its own bounded queue, which drops its oldest lines; nothing waits
 for it, so `status` and the pipeline go on.
+
+Out of file descriptors, accept() is `accept.Acceptor`'s: the oldest connection still waiting
+for its request makes room, else the new one is told and closed with a reserve descriptor, and
+the listener rests for a growing pause instead of waking the loop again at once.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Iterable, Mapping, Protocol
 
+from ..accept import Acceptor
 from .instance import (AlreadyRunning, ControlServerError, InstanceLock, lock_path,
                        remove_stale_socket)
 from .protocol import (MAX_REQUEST_BYTES, MAX_REQUEST_DEPTH, MalformedMessage, decode_object, encode,
@@ -75,9 +80,8 @@ MAX_HANDLERS = 4
 MAX_MALFORMED_LINES = 16
 #: the I/O thread re-reads the clock at least this often while connections are open.
 MAX_WAIT_S = 0.25
-#: while accept() keeps failing (out of file descriptors): pause between tries, warn this often.
-ACCEPT_PAUSE_S = 0.05
-ACCEPT_WARN_EVERY_S = 10.0
+#: after an unexpected error in the I/O loop: the pause before it goes on (a lasting fault must not spin)
+FAULT_PAUSE_S = 0.05
 _RECV_BYTES = 65536
 #: a stream moves at most this much into a connection's outbox at a time.
 STREAM_CHUNK_BYTES = 64 * 1024
@@ -163,7 +167,7 @@ class ControlServer:
         self._replies: queue.SimpleQueue[tuple[_Connection, bytes]] = queue.SimpleQueue()
         self._connections: list[_Connection] = []  # I/O thread only
         self._in_flight = dict.fromkeys(Lane, 0)  # I/O thread only
-        self._accept_warned = -ACCEPT_WARN_EVERY_S  # I/O thread only
+        self.acceptor: Acceptor | None = None  # from start(); its stats() for the daemon's status
         self._queued = {lane: collections.deque[_Connection]() for lane in Lane}  # I/O thread only
         self._selector: selectors.BaseSelector | None = None
 
@@ -180,6 +184,7 @@ class ControlServer:
             try:
                 remove_stale_socket(self.path)
                 listener = _bind(self.path, self.mode)
+                selector, wake = _loop_parts(listener, self.path)
             except BaseException:
                 if self._owns_instance:
                     self._instance.release()
@@ -187,15 +192,15 @@ class ControlServer:
             info = os.stat(self.path)
             self._identity = (info.st_dev, info.st_ino)
             self._listener = listener
-            self._wake = socket.socketpair()
-            for end in self._wake:  # a full wake socket must never block a handler or stop()
-                end.setblocking(False)
+            self.acceptor = Acceptor("control socket", encode(_error(OUT_OF_DESCRIPTORS)), clock=self.clock)
+            self._wake = wake
             self._stopping.clear()
             self._replies = queue.SimpleQueue()
             self._connections, self._in_flight = [], dict.fromkeys(Lane, 0)
             for waiting in self._queued.values():
                 waiting.clear()
-            self._thread = threading.Thread(target=self._io_loop, args=(listener, self._wake[0]),
+            self._thread = threading.Thread(target=self._io_loop,
+                                            args=(selector, listener, wake[0], self.acceptor),
                                             name="control-io", daemon=True)
             self._thread.start()
         log.info("control socket listening at %s (mode %o)", self.path, self.mode)
@@ -212,6 +217,8 @@ class ControlServer:
             _poke(wake[1])
             thread.join()
             listener.close()
+            if self.acceptor is not None:
+                self.acceptor.close()
             wake[0].close()
             wake[1].close()
             self._unlink_own_socket()
@@ -235,43 +242,51 @@ class ControlServer:
             os.unlink(self.path)
 
     # -- the I/O thread -----------------------------------------------------------------------
-    def _io_loop(self, listener: socket.socket, wake: socket.socket) -> None:
+    def stats(self) -> dict:
+        """For the daemon's status: the socket's path and how its accept() fares."""
+        acceptor = self.acceptor
+        return {"socket": self.path, **(acceptor.stats() if acceptor is not None else {})}
+
+    def _io_loop(self, selector: selectors.BaseSelector, listener: socket.socket, wake: socket.socket,
+                 acceptor: Acceptor) -> None:
         """Accept, read, dispatch and write until `stop()`; one bad client never ends it."""
-        with selectors.DefaultSelector() as selector:
+        with selector:
             self._selector = selector
             selector.register(listener, selectors.EVENT_READ, listener)
             selector.register(wake, selectors.EVENT_READ, wake)
             try:
                 while not self._stopping.is_set():
                     try:
-                        self._io_round(selector, listener, wake)
+                        self._io_round(selector, listener, wake, acceptor)
                     except Exception:  # noqa: BLE001 -- a bug here must not end `yoloedge-ctl` access
                         log.exception("control socket: unexpected error; dropping open connections")
                         for conn in list(self._connections):
                             self._close(conn)
-                        self._stopping.wait(ACCEPT_PAUSE_S)  # a lasting fault must not spin
+                        self._stopping.wait(FAULT_PAUSE_S)  # a lasting fault must not spin
             finally:
                 for conn in list(self._connections):
                     self._close(conn)
                 self._selector = None
 
     def _io_round(self, selector: selectors.BaseSelector, listener: socket.socket,
-                  wake: socket.socket) -> None:
-        ready = selector.select(self._wait_s())
+                  wake: socket.socket, acceptor: Acceptor) -> None:
+        ready = selector.select(_earliest(self._wait_s(), acceptor.wait_s()))
         self._collect_replies()  # first: finished handlers free their slots
         self._pump_streams()
         # Connections before the listener: a request already sent is read before a burst of new
         # connections can make room by dropping its connection.
         for key, events in sorted(ready, key=lambda pair: pair[0].data is listener):
-            self._on_ready(key.data, events, listener, wake)
+            self._on_ready(key.data, events, listener, wake, acceptor)
         self._expire()
+        acceptor.resume(selector)
 
-    def _on_ready(self, target: object, events: int, listener: socket.socket, wake: socket.socket) -> None:
+    def _on_ready(self, target: object, events: int, listener: socket.socket, wake: socket.socket,
+                  acceptor: Acceptor) -> None:
         if target is wake:
             _drain(wake)
         elif target is listener:
             for _ in range(MAX_CONNECTIONS):  # empty the backlog: a full one refuses ctl's connect
-                if not self._accept(listener):
+                if not self._accept(listener, acceptor):
                     break
         elif isinstance(target, _Connection) and not target.closed:
             try:
@@ -293,20 +308,13 @@ class ControlServer:
             return None  # a handler's reply arrives with a poke
         return min(MAX_WAIT_S, max(0.0, min(deadlines) - self.clock()))
 
-    def _accept(self, listener: socket.socket) -> bool:
+    def _accept(self, listener: socket.socket, acceptor: Acceptor) -> bool:
         """Accept one connection; False when there is none waiting (or accept failed)."""
-        try:
-            sock, _ = listener.accept()
-        except BlockingIOError:
+        selector = self._selector
+        accepted = acceptor.accept(selector, listener, shed=self._evict_oldest_reader) if selector else None
+        if accepted is None:
             return False
-        except OSError as exc:  # EMFILE and the like: shed the oldest waiter and go on
-            now = self.clock()
-            if now - self._accept_warned >= ACCEPT_WARN_EVERY_S:
-                log.warning("control socket accept failed: %s", exc)
-                self._accept_warned = now
-            if not self._evict_oldest_reader():
-                self._stopping.wait(ACCEPT_PAUSE_S)  # the listener stays readable: do not spin
-            return False
+        sock = accepted[0]
         sock.setblocking(False)
         if len(self._connections) >= MAX_CONNECTIONS and not self._evict_oldest_reader():
             _try_send(sock, _error("server busy, try again"))
@@ -614,6 +622,14 @@ def unexpected_fields(request: dict, takes: Iterable[str] = ()) -> dict | None:
     return _error(f"command {quoted_name(request['cmd'])} does not take field(s) {names} (it takes {allowed})")
 
 
+OUT_OF_DESCRIPTORS = "the daemon is out of file descriptors; try again"
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    """The shorter of two waits, None meaning none."""
+    return b if a is None else a if b is None else min(a, b)
+
+
 def _error(text: str) -> dict:
     return {"ok": False, "error": text}
 
@@ -650,6 +666,30 @@ def _drain(sock: socket.socket) -> None:
             pass
     except BlockingIOError:
         return
+
+
+WakePair = tuple[socket.socket, socket.socket]
+
+
+def _loop_parts(listener: socket.socket, path: str) -> tuple[selectors.BaseSelector, WakePair]:
+    """The I/O thread's selector and wake socket pair, made before it starts: out of file
+    descriptors, `start()` fails (the caller logs it) rather than the thread dying on its own."""
+    try:
+        selector = selectors.DefaultSelector()
+    except OSError as exc:
+        listener.close()
+        os.unlink(path)
+        raise ControlServerError(f"cannot set up control socket {path}: {exc}") from exc
+    try:
+        wake = socket.socketpair()
+    except OSError as exc:
+        selector.close()
+        listener.close()
+        os.unlink(path)
+        raise ControlServerError(f"cannot set up control socket {path}: {exc}") from exc
+    for end in wake:  # a full wake socket must never block a handler or stop()
+        end.setblocking(False)
+    return selector, wake
 
 
 def _bind(path: str, mode: int) -> socket.socket:

@@ -1,6 +1,7 @@
 """The daemon's HTTP endpoint across its life: started with the daemon, changed by a reload.
 
-A reload that changes only the credentials swaps them on the running server; one that changes
+A reload that changes only the credentials or the allowed host names swaps them on the running
+server; one that changes
 the address binds the new one, and when that fails binds the old one again and raises, so the
 daemon rejects the reload as it does any other that cannot be applied.
 """
@@ -17,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from ..config.schema import HttpConfig
 from ..pipeline.snapshots import SnapshotStore
+from .access import HostPolicy
 from .metrics import Meters, new_registry
 from .page import icon, status_page
 from .server import BasicAuth, HttpServer, Request, Response, Router, text_response
@@ -51,7 +53,7 @@ class HttpEndpoint:
     def start(self, config: HttpConfig) -> None:
         """Listen as `config` says; raises OSError when the address cannot be bound."""
         self.config = config
-        self.router.auth = _auth(config)
+        self.router.auth, self.router.hosts = _auth(config), _hosts(config)
         if config.listen is None:
             return
         host, port = config.listen
@@ -68,7 +70,7 @@ class HttpEndpoint:
         old = self.config
         if old is not None and new.listen == old.listen and (self.server is not None or new.listen is None):
             self.config = new
-            self.router.auth = _auth(new)
+            self.router.auth, self.router.hosts = _auth(new), _hosts(new)
             return
         self.stop()
         try:
@@ -100,6 +102,16 @@ class HttpEndpoint:
                                  headers=(("Retry-After", "1"),))
         return Response(HTTPStatus.OK, jpeg, "image/jpeg")
 
+    def stats(self) -> dict:
+        """For the daemon's status: where it listens (null: off, or not bound) and how its
+        accept() fares (`accept.Acceptor.stats`)."""
+        server = self.server
+        config = self.config
+        acceptor = server.acceptor if server is not None else None
+        if acceptor is None or config is None:
+            return {"listen": None}
+        return {"listen": listen_text(config), **acceptor.stats()}
+
     def stop(self) -> None:
         server, self.server = self.server, None
         if server is not None:
@@ -119,6 +131,13 @@ def _auth(config: HttpConfig) -> BasicAuth | None:
     if config.username is None or config.password is None:
         return None
     return BasicAuth(config.username, config.password)
+
+
+def _hosts(config: HttpConfig) -> HostPolicy:
+    """Loopback names, the listen address and `allowed_hosts`; any name under `allow_remote`
+    without `allowed_hosts` (see `web.access`)."""
+    listen_host = config.listen[0] if config.listen is not None else None
+    return HostPolicy(listen_host, config.allowed_hosts, any_host=config.allow_remote and not config.allowed_hosts)
 
 
 def listen_text(config: HttpConfig) -> str:

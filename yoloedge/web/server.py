@@ -15,8 +15,13 @@ at most `MAX_WAITING` parsed requests wait for a handler, more are answered 503 
 reply closes its connection (no keep-alive: a scrape every few seconds does not need it, and a
 held-open connection is one more thing to bound). GET and HEAD only.
 
-Basic auth (`BasicAuth`) is checked before routing, in constant time; a refused request gets
-401 with `WWW-Authenticate`, and the credentials are never logged.
+Before routing, the Host header is checked (`access.HostPolicy`: 421 for a name the endpoint is
+not meant for, which is what a DNS-rebinding page sends), then basic auth (`BasicAuth`), in
+constant time; a refused request gets 401 with `WWW-Authenticate`, and the credentials are never
+logged. A client whose last credentials were wrong gets its 401 late (`access.AuthThrottle`):
+the reply is parked (`ConnState.DELAYED`) and written by the I/O thread when it is due, so a
+delay holds no thread. Out of file descriptors, accept() is `accept.Acceptor`'s: refuse with 503
+and close, pause the listener, retry.
 """
 
 from __future__ import annotations
@@ -27,17 +32,20 @@ import collections
 import hashlib
 import hmac
 import logging
+import math
 import queue
 import selectors
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from http import HTTPStatus
 from typing import Callable
 
+from ..accept import Acceptor
 from ..textsafe import printable
+from .access import AuthThrottle, HostPolicy
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +59,6 @@ MAX_WAITING = 16
 REQUEST_TIMEOUT_S = 10.0
 #: the I/O thread re-reads the clock at least this often while connections are open
 MAX_WAIT_S = 0.25
-ACCEPT_PAUSE_S = 0.05
 _RECV_BYTES = 16384
 
 Clock = Callable[[], float]
@@ -63,6 +70,8 @@ class Request:
     path: str  # without the query string
     query: str
     headers: dict[str, str]  # names in lower case
+    version: str = "HTTP/1.1"
+    client: str = ""  # the peer's address
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,8 @@ class Response:
     body: bytes = b""
     content_type: str = "text/plain; charset=utf-8"
     headers: tuple[tuple[str, str], ...] = ()
+    #: how long the server holds the reply before writing it (a 401 after wrong credentials)
+    delay_s: float = 0.0
 
     def encode(self, head_only: bool) -> bytes:
         lines = [f"HTTP/1.1 {self.status.value} {self.status.phrase}",
@@ -89,6 +100,9 @@ def text_response(status: HTTPStatus, text: str | None = None, headers: tuple[tu
 
 
 Route = Callable[[Request], Response]
+
+MISDIRECTED_TEXT = ("Misdirected Request: this endpoint does not answer to that host name "
+                    "(see http.allowed_hosts)")
 
 
 class BasicAuth:
@@ -111,14 +125,22 @@ class BasicAuth:
         return same and scheme.lower() == "basic"
 
 
-class Router:
-    """Exact paths and path prefixes (`/api/cameras/`) to routes, behind optional basic auth.
-    The auth can be swapped while serving (a reload that changes only the credentials)."""
+_UNAUTHORIZED = text_response(HTTPStatus.UNAUTHORIZED, headers=(BasicAuth.CHALLENGE,))
+#: what a connection gets when the process has no descriptor to serve it with
+_OUT_OF_DESCRIPTORS = text_response(HTTPStatus.SERVICE_UNAVAILABLE, "the daemon is out of file descriptors; try again",
+                                    headers=(("Retry-After", "5"),)).encode(False)
 
-    def __init__(self) -> None:
+
+class Router:
+    """Exact paths and path prefixes (`/api/cameras/`) to routes, behind an optional Host check
+    and optional basic auth. Both can be swapped while serving (a reload that changes only them)."""
+
+    def __init__(self, clock: Clock = time.monotonic) -> None:
         self._exact: dict[str, Route] = {}
         self._prefixes: dict[str, Route] = {}
+        self.hosts: HostPolicy | None = None
         self.auth: BasicAuth | None = None
+        self.throttle = AuthThrottle(clock)
 
     def add(self, path: str, route: Route) -> None:
         self._exact[path] = route
@@ -127,9 +149,14 @@ class Router:
         self._prefixes[prefix] = route
 
     def __call__(self, request: Request) -> Response:
+        hosts = self.hosts
+        refused = hosts.refusal(request.version, request.headers.get("host")) if hosts is not None else None
+        if refused is not None:
+            return text_response(refused, MISDIRECTED_TEXT if refused is HTTPStatus.MISDIRECTED_REQUEST else None)
         auth = self.auth
-        if auth is not None and not auth.allows(request.headers.get("authorization")):
-            return text_response(HTTPStatus.UNAUTHORIZED, headers=(BasicAuth.CHALLENGE,))
+        denied = self._check_auth(auth, request) if auth is not None else None
+        if denied is not None:
+            return denied
         route = self._exact.get(request.path)
         if route is None:
             route = next((r for p, r in self._prefixes.items() if request.path.startswith(p)), None)
@@ -137,10 +164,26 @@ class Router:
             return text_response(HTTPStatus.NOT_FOUND)
         return route(request)
 
+    def _check_auth(self, auth: BasicAuth, request: Request) -> Response | None:
+        """None when the credentials are right; else the 401, late after wrong ones. A client
+        still waiting after a wrong guess is not checked at all (see `access.AuthThrottle`); a
+        request without credentials (a browser's first) is no guess and is answered at once."""
+        header = request.headers.get("authorization")
+        if header is None:
+            return _UNAUTHORIZED
+        wait_s = self.throttle.wait_s(request.client)
+        if wait_s > 0:
+            return replace(_UNAUTHORIZED, delay_s=wait_s)
+        if auth.allows(header):
+            self.throttle.succeeded(request.client)
+            return None
+        return replace(_UNAUTHORIZED, delay_s=self.throttle.failed(request.client))
+
 
 class ConnState(Enum):
     READING = "reading"  # waiting for the request head
     HANDLING = "handling"  # parsed, waiting for or inside a handler
+    DELAYED = "delayed"  # the reply is built and held until `send_at`
     WRITING = "writing"  # the reply is being written
 
 
@@ -148,9 +191,12 @@ class ConnState(Enum):
 class _Connection:
     sock: socket.socket
     deadline: float
+    peer: str = ""
     state: ConnState = ConnState.READING
     inbuf: bytearray = field(default_factory=bytearray)
     out: memoryview | None = None
+    held: bytes = b""  # a DELAYED reply
+    send_at: float = 0.0  # when it is due
     closed: bool = False
 
 
@@ -168,8 +214,10 @@ class HttpServer:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._jobs: queue.Queue[tuple[_Connection, Request] | None] = queue.Queue(MAX_WAITING)
-        self._done: collections.deque[tuple[_Connection, bytes]] = collections.deque()
+        self._done: collections.deque[tuple[_Connection, bytes, float]] = collections.deque()
         self._connections: dict[socket.socket, _Connection] = {}
+        self._delayed: list[_Connection] = []  # I/O thread only
+        self.acceptor: Acceptor | None = None  # from start(); its stats() for the daemon's status
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -180,6 +228,11 @@ class HttpServer:
             return (self.host, self.port)
         name = self._listener.getsockname()
         return (name[0], name[1])
+
+    @property
+    def held_replies(self) -> int:
+        """Replies built and held until they are due (401s after wrong passwords)."""
+        return len(self._delayed)
 
     def start(self) -> None:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -193,8 +246,15 @@ class HttpServer:
             listener.close()
             self._close_wake()
             raise
+        try:  # here, not in the thread: out of file descriptors, start() fails rather than the thread
+            selector = selectors.DefaultSelector()
+        except OSError:
+            listener.close()
+            self._close_wake()
+            raise
         self._listener = listener
-        self._threads = [threading.Thread(target=self._io_loop, name="http-io", daemon=True)]
+        self.acceptor = Acceptor("HTTP endpoint", _OUT_OF_DESCRIPTORS, clock=self._clock)
+        self._threads = [threading.Thread(target=self._io_loop, args=(selector,), name="http-io", daemon=True)]
         self._threads += [threading.Thread(target=self._handle_loop, name=f"http-{i}", daemon=True)
                           for i in range(HANDLERS)]
         for thread in self._threads:
@@ -229,22 +289,21 @@ class HttpServer:
             except Exception:  # noqa: BLE001 - one failed reply must not end the endpoint
                 log.exception("HTTP %s %s failed", printable(request.method), printable(request.path[:200]))
                 response = text_response(HTTPStatus.INTERNAL_SERVER_ERROR)
-            self._done.append((conn, response.encode(request.method == "HEAD")))
+            self._done.append((conn, response.encode(request.method == "HEAD"), response.delay_s))
             _poke(self._wake_w)
 
     # -- I/O thread --------------------------------------------------------------------------
-    def _io_loop(self) -> None:
-        listener = self._listener
-        if listener is None:
+    def _io_loop(self, selector: selectors.BaseSelector) -> None:
+        listener, acceptor = self._listener, self.acceptor
+        if listener is None or acceptor is None:
             return
-        selector = selectors.DefaultSelector()
         selector.register(listener, selectors.EVENT_READ, None)
         selector.register(self._wake_r, selectors.EVENT_READ, None)
         try:
             while not self._stopping.is_set():
                 for key, events in selector.select(self._wait_s()):
                     if key.fileobj is listener:
-                        self._accept(selector, listener)
+                        self._accept(selector, listener, acceptor)
                     elif key.fileobj is self._wake_r:
                         _drain(self._wake_r)
                     elif events & selectors.EVENT_READ and key.data.state is ConnState.READING:
@@ -252,7 +311,9 @@ class HttpServer:
                     elif events & selectors.EVENT_WRITE:
                         self._flush(selector, key.data)
                 self._collect_replies(selector)
+                self._release_delayed(selector)
                 self._expire(selector)
+                acceptor.resume(selector)
         except Exception:  # noqa: BLE001 - logged; the daemon runs on without its endpoint
             log.exception("HTTP endpoint failed; /metrics and /api/status are unavailable until a restart")
         finally:
@@ -260,6 +321,7 @@ class HttpServer:
                 self._close(selector, conn)
             selector.close()
             listener.close()
+            acceptor.close()
             self._close_wake()
 
     def _close_wake(self) -> None:
@@ -267,34 +329,36 @@ class HttpServer:
         self._wake_w.close()
 
     def _wait_s(self) -> float:
+        pause = self.acceptor.wait_s() if self.acceptor is not None else None
         if not self._connections:
-            return MAX_WAIT_S * 4
-        earliest = min(c.deadline for c in self._connections.values())
-        return min(MAX_WAIT_S, max(0.0, earliest - self._clock()))
+            return MAX_WAIT_S * 4 if pause is None else min(MAX_WAIT_S * 4, pause)
+        earliest = min(min(c.deadline for c in self._connections.values()),
+                       min((c.send_at for c in self._delayed), default=math.inf))
+        wait = min(MAX_WAIT_S, max(0.0, earliest - self._clock()))
+        return wait if pause is None else min(wait, pause)
 
-    def _accept(self, selector: selectors.BaseSelector, listener: socket.socket) -> None:
+    def _accept(self, selector: selectors.BaseSelector, listener: socket.socket, acceptor: Acceptor) -> None:
         for _ in range(MAX_CONNECTIONS):  # empty the backlog: a full one refuses the next scrape
-            try:
-                sock, _ = listener.accept()
-            except BlockingIOError:
+            accepted = acceptor.accept(selector, listener, shed=lambda: self._evict_oldest_reader(selector, True))
+            if accepted is None:
                 return
-            except OSError as exc:  # out of file descriptors: try again a little later
-                log.warning("HTTP: accept failed: %s", exc)
-                time.sleep(ACCEPT_PAUSE_S)
-                return
+            sock, address = accepted
             sock.setblocking(False)
             if len(self._connections) >= MAX_CONNECTIONS:
                 self._evict_oldest_reader(selector)
-            conn = _Connection(sock, self._clock() + self._timeout_s)
+            conn = _Connection(sock, self._clock() + self._timeout_s, peer=str(address[0]))
             self._connections[sock] = conn
             selector.register(sock, selectors.EVENT_READ, conn)
 
-    def _evict_oldest_reader(self, selector: selectors.BaseSelector) -> None:
+    def _evict_oldest_reader(self, selector: selectors.BaseSelector, readers_only: bool = False) -> bool:
         """The one waiting longest for its request; when every connection has one (clients that
-        do not read their replies), the oldest of all."""
+        do not read their replies), the oldest of all unless `readers_only`. Says whether it closed one."""
         readers = [c for c in self._connections.values() if c.state is ConnState.READING]
+        if not readers and (readers_only or not self._connections):
+            return False
         oldest = min(readers or self._connections.values(), key=lambda c: c.deadline)
         self._close(selector, oldest)
+        return True
 
     def _read(self, selector: selectors.BaseSelector, conn: _Connection) -> None:
         try:
@@ -313,7 +377,7 @@ class HttpServer:
             if len(conn.inbuf) > MAX_HEAD_BYTES:
                 self._reply(selector, conn, text_response(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE).encode(False))
             return
-        request = parse_head(bytes(conn.inbuf[:end]))
+        request = parse_head(bytes(conn.inbuf[:end]), conn.peer)
         if isinstance(request, Response):
             self._reply(selector, conn, request.encode(False))
             return
@@ -326,8 +390,29 @@ class HttpServer:
 
     def _collect_replies(self, selector: selectors.BaseSelector) -> None:
         while self._done:
-            conn, data = self._done.popleft()
+            conn, data, delay_s = self._done.popleft()
+            if conn.closed:
+                continue
+            if delay_s <= 0:
+                self._reply(selector, conn, data)
+                continue
+            conn.state, conn.held = ConnState.DELAYED, data
+            conn.send_at = self._clock() + delay_s
+            conn.deadline = max(conn.deadline, conn.send_at + self._timeout_s)  # time to write it then
+            self._delayed.append(conn)
+
+    def _release_delayed(self, selector: selectors.BaseSelector) -> None:
+        """Write the held replies that are due; forget those whose connection is gone."""
+        if not self._delayed:
+            return
+        now = self._clock()
+        due = [c for c in self._delayed if c.closed or c.send_at <= now]
+        if not due:
+            return
+        self._delayed = [c for c in self._delayed if not (c.closed or c.send_at <= now)]
+        for conn in due:
             if not conn.closed:
+                data, conn.held = conn.held, b""
                 self._reply(selector, conn, data)
 
     def _reply(self, selector: selectors.BaseSelector, conn: _Connection, data: bytes) -> None:
@@ -371,13 +456,14 @@ class HttpServer:
         conn.sock.close()
 
 
-def parse_head(head: bytes) -> Request | Response:
-    """The request line and headers, or the error reply for a head that is not HTTP/1.x."""
+def parse_head(head: bytes, client: str = "") -> Request | Response:
+    """The request line and headers, or the error reply for a head that is not HTTP/1.x (or
+    names its Host twice: RFC 9112 says 400, and two could be read differently by a proxy)."""
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
         return text_response(HTTPStatus.BAD_REQUEST)
-    method, target, _ = parts
+    method, target, version = parts
     if len(lines) - 1 > MAX_HEADERS:
         return text_response(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
     headers = {}
@@ -385,11 +471,13 @@ def parse_head(head: bytes) -> Request | Response:
         name, sep, value = line.partition(":")
         if not sep or not name or name != name.strip():
             return text_response(HTTPStatus.BAD_REQUEST)
+        if name.lower() == "host" and "host" in headers:
+            return text_response(HTTPStatus.BAD_REQUEST, "two Host headers")
         headers[name.lower()] = value.strip()
     if method not in ("GET", "HEAD"):
         return text_response(HTTPStatus.METHOD_NOT_ALLOWED, headers=(("Allow", "GET, HEAD"),))
     path, _, query = target.partition("?")
-    return Request(method, path, query, headers)
+    return Request(method, path, query, headers, version, client)
 
 
 def _poke(sock: socket.socket) -> None:
