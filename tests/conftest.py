@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-pytest_plugins = ["conftest_mqtt", "fixtures_media"]
+pytest_plugins = ["conftest_mqtt", "fixtures_media", "other_user"]
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "testdata"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import socket
 import stat
 import subprocess
@@ -237,8 +236,8 @@ def test_client_permission_denied_mapping(monkeypatch, capsys):
 # --- yoloedge-ctl as a user runs it ----------------------------------------------------------
 
 
-def run_ctl(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([*prefix, sys.executable, "-m", "yoloedge.cli.ctl", *args],
+def run_ctl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "yoloedge.cli.ctl", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=30)
 
 
@@ -343,29 +342,13 @@ def test_ctl_reload_rejected(server):
     assert "reload rejected, still running generation 3:\nmqtt.port: not an integer" in proc.stderr
 
 
-def _can_drop_privileges() -> str | None:
-    """Why the real-EACCES test cannot run here, or None when it can."""
-    if os.geteuid() != 0:
-        return "needs root to switch to an unprivileged uid"
-    if shutil.which("setpriv") is None:
-        return "setpriv not installed"
-    probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                            sys.executable, "-c", "import yoloedge.cli.ctl"],
-                           cwd=REPO, capture_output=True, text=True, timeout=30)
-    if probe.returncode != 0:
-        return f"uid 65534 cannot run this interpreter/repo: {probe.stderr.strip()[-200:]}"
-    return None
-
-
-def test_ctl_permission_denied_as_unprivileged_user(sock_dir, daemon):
-    reason = _can_drop_privileges()
-    if reason:
-        pytest.skip(reason)
+def test_ctl_permission_denied_as_unprivileged_user(sock_dir, daemon, nobody_python):
     private = os.path.join(sock_dir, "private")
     os.mkdir(private, 0o700)  # root-owned: no search permission for uid 65534
     with ControlServer(os.path.join(private, "control.sock"), 0o660, daemon) as srv:
-        proc = run_ctl("--socket", srv.path, "status",
-                       prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"))
+        proc = subprocess.run(nobody_python.argv("-m", "yoloedge.cli.ctl", "--socket", srv.path, "status"),
+                              cwd=nobody_python.home, env=nobody_python.env(), capture_output=True, text=True,
+                              timeout=30)
     assert proc.returncode == 4, proc.stderr
     assert "not permitted: add your user to the 'yoloedge' group or use sudo" in proc.stderr
 

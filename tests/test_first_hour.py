@@ -11,18 +11,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import REPO
+from other_user import NOBODY
 from yoloedge.cli import ctl
 from yoloedge.config.loader import load_config
 from yoloedge.control import location
-from yoloedge.demo import LABELS, MODEL, clip_path
+from yoloedge.demo import DEMO_DIR, LABELS, MODEL, clip_path
 
-NOBODY = 65534
 
 # -- where the socket is -------------------------------------------------------------------------
 
@@ -105,55 +106,69 @@ def test_ctl_socket_and_config_on_either_side_is_refused(capsys):
 # -- a normal user's daemon, end to end ------------------------------------------------------------
 
 
+@dataclass
+class NormalUser:
+    """How to run yoloedge as a normal user: `argv` starts Python, `env` is its environment (with
+    `runtime` as XDG_RUNTIME_DIR), `demo` the folder of the demo model and clip it can read."""
+    argv: list[str]
+    env: dict[str, str]
+    runtime: Path
+    cwd: Path
+    demo: Path
+
+
 @pytest.fixture()
-def normal_user():
-    """argv prefix and a runtime dir for a normal user: `nobody` when the tests run as root (the
-    daemon must not be able to create /run/yoloedge), else this user."""
+def normal_user(request):
+    """`nobody` when the tests run as root (the daemon must not be able to create /run/yoloedge),
+    else this user. As nobody it runs copies that nobody can read (see other_user): the checkout
+    may be in a folder only root can enter."""
     runtime = Path(tempfile.mkdtemp(prefix="ye-xdg-", dir="/tmp"))
     if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("setpriv (util-linux) is needed to run the daemon as a normal user")
+        nobody = request.getfixturevalue("nobody_python")
         os.chown(runtime, NOBODY, NOBODY)
-        prefix = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+        env = nobody.env(XDG_RUNTIME_DIR=str(runtime), HOME=str(runtime))
+        user = NormalUser(nobody.argv(), env, runtime, nobody.home, nobody.package / "demo")
     else:
         if location.can_create(location.SYSTEM_SOCKET):
             pytest.skip("this user can create /run/yoloedge: the fallback cannot be seen here")
-        prefix = []
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "XDG_RUNTIME_DIR": str(runtime),
+               "PYTHONPATH": str(REPO), "HOME": str(runtime), "PYTHONDONTWRITEBYTECODE": "1"}
+        user = NormalUser([sys.executable], env, runtime, REPO, DEMO_DIR)
     runtime.chmod(0o700)
-    yield prefix, runtime
+    yield user
     shutil.rmtree(runtime, ignore_errors=True)
 
 
 def test_a_normal_users_daemon_without_control_socket_is_found_by_ctl(normal_user, mosquitto, subscriber):
-    prefix, runtime = normal_user
+    user = normal_user
     workdir = Path(tempfile.mkdtemp(prefix="ye-cfg-", dir="/tmp"))
     try:
         workdir.chmod(0o755)
+        demo = user.demo
         config = {
             "device_id": "firsthour",
-            "model": {"path": str(MODEL), "labels": str(LABELS)},
+            "model": {"path": str(demo / MODEL.name), "labels": str(demo / LABELS.name)},
             "accelerators": [{"backend": "onnxruntime", "provider": "cpu", "devices": [0], "batch": 1}],
-            "cameras": [{"name": "demo", "url": str(clip_path()), "loop": True, "fps": 5}],
+            "cameras": [{"name": "demo", "url": str(demo / clip_path().name), "loop": True, "fps": 5}],
             "mqtt": {"host": mosquitto.host, "port": mosquitto.port, "stats_interval_s": 1},
             "logging": {"level": "info", "target": "stderr"},
         }
         config_path = workdir / "yoloedge.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         config_path.chmod(0o644)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "XDG_RUNTIME_DIR": str(runtime),
-               "PYTHONPATH": str(REPO), "HOME": str(runtime), "PYTHONDONTWRITEBYTECODE": "1"}
-        daemon = subprocess.Popen([*prefix, sys.executable, "-m", "yoloedge", "run", "-c", str(config_path)],
-                                  cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        daemon = subprocess.Popen([*user.argv, "-m", "yoloedge", "run", "-c", str(config_path)],
+                                  cwd=user.cwd, env=user.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
         try:
-            expected = runtime / "yoloedge" / "control.sock"
+            expected = user.runtime / "yoloedge" / "control.sock"
             deadline = time.monotonic() + 60
             while not expected.exists() and daemon.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert expected.exists(), daemon.stdout.read() if daemon.poll() is not None else "no socket"
 
             def ctl_status(*argv: str) -> subprocess.CompletedProcess:
-                return subprocess.run([*prefix, sys.executable, "-m", "yoloedge.cli.ctl", *argv], cwd=REPO,
-                                      env=env, capture_output=True, text=True, timeout=30)
+                return subprocess.run([*user.argv, "-m", "yoloedge.cli.ctl", *argv], cwd=user.cwd,
+                                      env=user.env, capture_output=True, text=True, timeout=30)
 
             plain = ctl_status("status", "--json")  # no --socket, no -c
             assert plain.returncode in (0, 1), plain.stderr

@@ -24,6 +24,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Iterable
 
 import pytest
 import yaml
@@ -87,6 +88,8 @@ def test_unit_file_verifies(tmp_path):
     assert values.get("User") == ["yoloedge"]
     assert "yes" not in values.get("PrivateDevices", []), "PrivateDevices=yes hides the accelerator's nodes"
     assert values.get("ExecStart") == [f"{SHIPPED_EXEC} run -c /etc/yoloedge/yoloedge.yaml"]
+    # CANN's variables (yoloedge ascend-env), then the operator's: optional both, the latter wins.
+    assert values.get("EnvironmentFile") == ["-/etc/yoloedge/ascend.env", "-/etc/yoloedge/yoloedge.env"]
 
 
 #: the most `systemd-analyze security` may rate the shipped unit (0 = locked down, 10 = exposed).
@@ -170,7 +173,8 @@ user root
 PRESET = "disable yoloedge.service\n"
 
 # Runs inside the container. Every observation goes to /out/<step>.*; check.log has the trace.
-CHECK_SCRIPT = r"""#!/bin/bash
+# The prelude (shared by the checks): helpers, README's user and /etc/yoloedge, the broker.
+PRELUDE = r"""#!/bin/bash
 set -u
 exec >>/out/check.log 2>&1
 PS4='+ $(date +%T.%3N) '
@@ -211,7 +215,9 @@ for i in $(seq 50); do
     mosquitto_pub -h 127.0.0.1 -p "$PORT" -t probe -m x && break
     sleep 0.1
 done
+"""
 
+CHECK_SCRIPT = PRELUDE + r"""
 # a) start: Type=notify returns only after READY=1
 t=$(now)
 timeout 60 systemctl start yoloedge
@@ -318,78 +324,97 @@ def _daemon_config(models: Path, media: Path) -> dict:
     }
 
 
-@pytest.mark.shared
-def test_unit_under_real_systemd(tmp_path, models, media):
+def _require_container_tools() -> None:
     if os.geteuid() != 0:
         skip_unless_required("booting a systemd container needs root", SWITCH)
-    nspawn = _tool("systemd-nspawn")
+    _tool("systemd-nspawn")
     _tool("systemd-analyze")
     for name in ("mosquitto", "mosquitto_sub", "mosquitto_pub"):
         _tool(name)
     assert VENV_YOLOEDGE.is_file(), f"{VENV_YOLOEDGE} missing: is the package installed in this venv?"
 
-    tag = uuid.uuid4().hex[:8]
-    ns = tmp_path / f"ns-{tag}"          # read-only in the container at /ns
-    units = tmp_path / f"units-{tag}"    # /run/systemd/system in the container
-    out = tmp_path / f"out-{tag}"        # /out, written by the check script
-    for d in (ns, units, units / "yoloedge.service.d", out):
-        d.mkdir()
-        d.chmod(0o755)
-    (ns / "yoloedge.yaml").write_text(yaml.safe_dump(_daemon_config(models, media), sort_keys=False))
-    (ns / "mosquitto.conf").write_text(MOSQUITTO_CONF)
-    (ns / "test.preset").write_text(PRESET)
-    script = (CHECK_SCRIPT.replace("@PREFIX@", PREFIX).replace("@DEVICE@", DEVICE)
-              .replace("@PORT@", str(BROKER_PORT)).replace("@CTL@", str(VENV_YOLOEDGE.parent / "yoloedge-ctl")))
-    (ns / "check.sh").write_text(script)
-    for f in ns.iterdir():
-        f.chmod(0o644)
-    shutil.copyfile(UNIT, units / "yoloedge.service")  # the shipped unit, unchanged
-    drop_in = DROP_IN
-    if any(Path(p).resolve().is_relative_to("/tmp") for p in (REPO, REPO.parent / "shared", sys.base_prefix)):
-        # test only: CI may clone the checkout (and its venv, and the shared data) under /tmp,
-        # which PrivateTmp=yes replaces with an empty directory for the service.
-        drop_in += "PrivateTmp=no\n"
-    (units / "yoloedge.service.d" / "test.conf").write_text(drop_in)
-    (units / "yoloedge-check.service").write_text(CHECK_UNIT)
 
-    binds_ro = [str(REPO), str(REPO.parent / "shared")]
-    # Where either is a symlink, its target must be visible in the container too.
-    binds_ro += [str(Path(b).resolve()) for b in binds_ro if str(Path(b).resolve()) not in binds_ro]
-    if not Path(sys.base_prefix).resolve().is_relative_to("/usr"):
-        binds_ro.append(str(Path(sys.base_prefix).resolve()))
-    for path in (Path(sys.prefix), VENV_YOLOEDGE.resolve(), models.resolve(), media.resolve()):
-        assert any(path.resolve().is_relative_to(b) or str(path).startswith("/usr") for b in binds_ro), \
-            f"{path} is not inside a path bound into the container {binds_ro}"
-    machine = f"yoloedge-test-{tag}"
-    cmd = [
-        "timeout", "--kill-after=15", str(NSPAWN_TIMEOUT_S),
-        nspawn, "--quiet", "-D", "/", "--volatile=yes", "--keep-unit", "--register=no",
-        "--private-network", f"--machine={machine}", "--console=read-only", "-b",
-        *[f"--bind-ro={p}" for p in binds_ro],
-        f"--bind-ro={ns}:/ns", f"--bind-ro={ns / 'test.preset'}:/run/systemd/system-preset/00-yoloedge-test.preset",
-        f"--bind-ro={units}:/run/systemd/system", f"--bind={out}:/out",
-        "systemd.firstboot=off",               # else the empty /etc starts the First Boot Wizard
-        "systemd.mask=mosquitto.service",      # presets enable it; the test runs its own broker
-        # The unit wants network-online.target; with only lo, networkd-wait-online would hold it (and
-        # `systemctl start yoloedge`) for its 2-minute timeout.
-        "systemd.mask=systemd-networkd-wait-online.service",
-        "systemd.wants=yoloedge-check.service",
-    ]
-    console = tmp_path / f"console-{tag}.log"
-    t0 = time.monotonic()
-    with console.open("w") as log:
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=NSPAWN_TIMEOUT_S + 30)
-    elapsed = time.monotonic() - t0
-    obs = Observations(out, console)
-    print(f"\nnspawn run: {elapsed:.1f} s, rc {proc.returncode}; files in {out}")
-    for name in ("a_start.rc", "c_reload.rc", "d_freeze.rc", "e_stop.rc"):
-        print(f"  {name}: {' '.join(obs.text(name).split())}")
+class Container:
+    """One boot of systemd-nspawn over the host's root with the shipped unit, the test's drop-in
+    and a check unit that runs `script` (see the module docstring). Files for the container go
+    into `ns` (read-only at /ns in it) before `boot()`."""
 
-    assert proc.returncode != 124, f"the container did not power off within {NSPAWN_TIMEOUT_S} s{obs.context()}"
-    assert obs.text("done").strip() == "complete", \
-        f"the check script did not finish ({obs.text('done').strip() or 'no /out/done'}){obs.context()}"
-    assert proc.returncode == 0, f"systemd-nspawn exited {proc.returncode}{obs.context()}"
+    def __init__(self, tmp_path: Path, config: dict):
+        self.tmp_path = tmp_path
+        self.tag = uuid.uuid4().hex[:8]
+        self.ns = tmp_path / f"ns-{self.tag}"        # read-only in the container at /ns
+        self.units = tmp_path / f"units-{self.tag}"  # /run/systemd/system in the container
+        self.out = tmp_path / f"out-{self.tag}"      # /out, written by the check script
+        for d in (self.ns, self.units, self.units / "yoloedge.service.d", self.out):
+            d.mkdir()
+            d.chmod(0o755)
+        (self.ns / "yoloedge.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        (self.ns / "mosquitto.conf").write_text(MOSQUITTO_CONF)
+        (self.ns / "test.preset").write_text(PRESET)
+        shutil.copyfile(UNIT, self.units / "yoloedge.service")  # the shipped unit, unchanged
+        drop_in = DROP_IN
+        if any(Path(p).resolve().is_relative_to("/tmp") for p in (REPO, REPO.parent / "shared", sys.base_prefix)):
+            # test only: CI may clone the checkout (and its venv, and the shared data) under /tmp,
+            # which PrivateTmp=yes replaces with an empty directory for the service.
+            drop_in += "PrivateTmp=no\n"
+        (self.units / "yoloedge.service.d" / "test.conf").write_text(drop_in)
+        (self.units / "yoloedge-check.service").write_text(CHECK_UNIT)
+
+    def boot(self, script: str, timeout_s: float, must_see: Iterable[Path] = ()) -> Observations:
+        """Run `script` in a booted container; asserts that it finished and the container powered off."""
+        for name, value in (("@PREFIX@", PREFIX), ("@DEVICE@", DEVICE), ("@PORT@", str(BROKER_PORT)),
+                            ("@CTL@", str(VENV_YOLOEDGE.parent / "yoloedge-ctl")), ("@YOLOEDGE@", str(VENV_YOLOEDGE))):
+            script = script.replace(name, value)
+        (self.ns / "check.sh").write_text(script)
+        for f in self.ns.iterdir():
+            if f.is_file():
+                f.chmod(0o644)
+        binds_ro = [str(REPO), str(REPO.parent / "shared")]
+        # Where either is a symlink, its target must be visible in the container too.
+        binds_ro += [str(Path(b).resolve()) for b in binds_ro if str(Path(b).resolve()) not in binds_ro]
+        if not Path(sys.base_prefix).resolve().is_relative_to("/usr"):
+            binds_ro.append(str(Path(sys.base_prefix).resolve()))
+        for path in (Path(sys.prefix), VENV_YOLOEDGE.resolve(), *must_see):
+            assert any(path.resolve().is_relative_to(b) or str(path).startswith("/usr") for b in binds_ro), \
+                f"{path} is not inside a path bound into the container {binds_ro}"
+        machine = f"yoloedge-test-{self.tag}"
+        cmd = [
+            "timeout", "--kill-after=15", str(timeout_s),
+            _tool("systemd-nspawn"), "--quiet", "-D", "/", "--volatile=yes", "--keep-unit", "--register=no",
+            "--private-network", f"--machine={machine}", "--console=read-only", "-b",
+            *[f"--bind-ro={p}" for p in binds_ro],
+            f"--bind-ro={self.ns}:/ns",
+            f"--bind-ro={self.ns / 'test.preset'}:/run/systemd/system-preset/00-yoloedge-test.preset",
+            f"--bind-ro={self.units}:/run/systemd/system", f"--bind={self.out}:/out",
+            "systemd.firstboot=off",               # else the empty /etc starts the First Boot Wizard
+            "systemd.mask=mosquitto.service",      # presets enable it; the test runs its own broker
+            # The unit wants network-online.target; with only lo, networkd-wait-online would hold it (and
+            # `systemctl start yoloedge`) for its 2-minute timeout.
+            "systemd.mask=systemd-networkd-wait-online.service",
+            "systemd.wants=yoloedge-check.service",
+        ]
+        console = self.tmp_path / f"console-{self.tag}.log"
+        t0 = time.monotonic()
+        with console.open("w") as log:
+            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=timeout_s + 30)
+        elapsed = time.monotonic() - t0
+        obs = Observations(self.out, console)
+        print(f"\nnspawn run: {elapsed:.1f} s, rc {proc.returncode}; files in {self.out}")
+        for name in sorted(self.out.glob("*.rc")):
+            print(f"  {name.name}: {' '.join(obs.text(name.name).split())}")
+        assert proc.returncode != 124, f"the container did not power off within {timeout_s} s{obs.context()}"
+        assert obs.text("done").strip() == "complete", \
+            f"the check script did not finish ({obs.text('done').strip() or 'no /out/done'}){obs.context()}"
+        assert proc.returncode == 0, f"systemd-nspawn exited {proc.returncode}{obs.context()}"
+        return obs
+
+
+@pytest.mark.shared
+def test_unit_under_real_systemd(tmp_path, models, media):
+    _require_container_tools()
+    container = Container(tmp_path, _daemon_config(models, media))
+    obs = container.boot(CHECK_SCRIPT, NSPAWN_TIMEOUT_S, must_see=(models, media))
 
     # a) `systemctl start` returned after READY=1: already active/running, with our STATUS=.
     start_rc = obs.props("a_start.rc")
@@ -471,3 +496,164 @@ def test_unit_under_real_systemd(tmp_path, models, media):
     assert ours, f"no structured journal entries from the daemon{obs.context()}"
     assert any(m.get("CAMERA") == "door" for m in entries), \
         f"no journal entry with CAMERA=door: fields seen {sorted({k for m in ours for k in m})}"
+
+
+# -- an Atlas host: CANN's set_env.sh through `yoloedge ascend-env` ---------------------------------
+
+ASCEND_TIMEOUT_S = 240  # three starts of the daemon in one boot
+TOOLKIT_HOME = "/ns/Ascend/ascend-toolkit/latest"
+
+#: a stand-in for CANN's ascend-toolkit/set_env.sh, in its style; the last two exports are the test's
+STAND_IN_SET_ENV = r"""#!/bin/bash
+path="${BASH_SOURCE[0]}"
+if [[ -f "$path" ]] && [[ "$path" =~ set_env.sh ]]; then
+    toolkit_path=$(cd "$(dirname "$path")"; pwd)
+    export ASCEND_TOOLKIT_HOME=${toolkit_path}/latest
+    export LD_LIBRARY_PATH=/usr/local/Ascend/driver/lib64:/usr/local/Ascend/driver/lib64/common:$LD_LIBRARY_PATH
+    export LD_LIBRARY_PATH=${ASCEND_TOOLKIT_HOME}/lib64:${ASCEND_TOOLKIT_HOME}/lib64/plugin/opskernel:${LD_LIBRARY_PATH}
+    export PYTHONPATH=${ASCEND_TOOLKIT_HOME}/opp/built-in/op_impl/ai_core/tbe:$PYTHONPATH
+    export PYTHONPATH=${ASCEND_TOOLKIT_HOME}/python/site-packages:$PYTHONPATH
+    export PATH=${ASCEND_TOOLKIT_HOME}/bin:$PATH
+    export ASCEND_AICPU_PATH=${ASCEND_TOOLKIT_HOME}
+    export ASCEND_OPP_PATH=${ASCEND_TOOLKIT_HOME}/opp
+fi
+if [ -d "${ASCEND_TOOLKIT_HOME}/tools/aml" ]; then
+    export LD_LIBRARY_PATH=${ASCEND_TOOLKIT_HOME}/tools/aml/lib64:$LD_LIBRARY_PATH
+fi
+# test only: where the fake pyACL reports what the daemon did with it, and a value that needs quoting
+export YOLOEDGE_FAKE_ACL_REPORT=/var/lib/yoloedge/acl-report.json
+export YOLOEDGE_TEST_QUOTING="two  spaces \$HOME \"double\" 'single' back\\slash
+second line"
+"""
+
+#: what the daemon's environment must hold, from the script above (written out by hand)
+STAND_IN_VARIABLES = {
+    "ASCEND_TOOLKIT_HOME": TOOLKIT_HOME,
+    "LD_LIBRARY_PATH": f"{TOOLKIT_HOME}/lib64:{TOOLKIT_HOME}/lib64/plugin/opskernel:/usr/local/Ascend/driver/lib64:"
+                       "/usr/local/Ascend/driver/lib64/common",
+    "PYTHONPATH": f"{TOOLKIT_HOME}/python/site-packages:{TOOLKIT_HOME}/opp/built-in/op_impl/ai_core/tbe",
+    "ASCEND_AICPU_PATH": TOOLKIT_HOME,
+    "ASCEND_OPP_PATH": f"{TOOLKIT_HOME}/opp",
+    "YOLOEDGE_FAKE_ACL_REPORT": "/var/lib/yoloedge/acl-report.json",
+    "YOLOEDGE_TEST_QUOTING": "two  spaces $HOME \"double\" 'single' back\\slash\nsecond line",
+}
+
+ASCEND_SCRIPT = PRELUDE + r"""
+SET_ENV=/ns/Ascend/ascend-toolkit/set_env.sh
+DETECTIONS=@PREFIX@/@DEVICE@/cameras/door/detections
+
+# a) the shipped unit without ascend.env: pyACL is not found, the start fails and says what to do
+timeout 60 systemctl start yoloedge
+echo "rc=$?" >"$OUT/a_start.rc"
+systemctl stop yoloedge
+systemctl reset-failed yoloedge
+journalctl -u yoloedge --no-pager -o cat >"$OUT/a_journal.txt" 2>&1
+
+# b) README's one-time step; then the same unit starts the Ascend daemon
+@YOLOEDGE@ ascend-env --set-env "$SET_ENV" -o /etc/yoloedge/ascend.env >"$OUT/b_generate.txt" 2>&1
+echo "rc=$?" >"$OUT/b_generate.rc"
+cp /etc/yoloedge/ascend.env "$OUT/b_ascend.env"
+stat -c '%U:%G %a' /etc/yoloedge/ascend.env >"$OUT/b_mode.txt"
+timeout 60 systemctl start yoloedge
+echo "rc=$?" >"$OUT/b_start.rc"
+show >"$OUT/b_start.txt"
+[ "$(prop ActiveState)" = active ] || finish "the Ascend daemon did not start with ascend.env"
+cat "/proc/$(prop MainPID)/environ" >"$OUT/b_environ.bin"
+mosquitto_sub -h 127.0.0.1 -p "$PORT" -C 1 -W 60 -t "$DETECTIONS" >"$OUT/b_detection.json" 2>&1
+@CTL@ --socket /run/yoloedge/control.sock status --json >"$OUT/b_ctl.json" 2>"$OUT/b_ctl.err"
+timeout 60 systemctl stop yoloedge
+echo "rc=$?" >"$OUT/b_stop.rc"
+cp /var/lib/yoloedge/acl-report.json "$OUT/b_acl_report.json"
+
+# c) README's optional drop-in: the file is written again before each start
+rm /etc/yoloedge/ascend.env
+install -d /etc/systemd/system/yoloedge.service.d
+install -m 0644 /ns/ascend-env.conf /etc/systemd/system/yoloedge.service.d/ascend-env.conf
+systemctl daemon-reload
+timeout 60 systemctl start yoloedge
+echo "rc=$?" >"$OUT/c_start.rc"
+show >"$OUT/c_start.txt"
+cat "/proc/$(prop MainPID)/environ" >"$OUT/c_environ.bin"
+ls /etc/yoloedge >"$OUT/c_files.txt"
+timeout 60 systemctl stop yoloedge
+echo "rc=$?" >"$OUT/c_stop.rc"
+
+finish complete
+"""
+
+
+def readme_drop_in() -> str:
+    """The optional drop-in as README shows it, for this container's paths."""
+    readme = (REPO / "README.md").read_text()
+    match = re.search(r"```ini\n(\[Service\]\nExecStartPre=\+/opt/yoloedge/bin/yoloedge ascend-env [^\n]*\n)```",
+                      readme)
+    assert match, "README has no ExecStartPre= drop-in for `yoloedge ascend-env`"
+    return (match.group(1).replace(SHIPPED_EXEC, str(VENV_YOLOEDGE))
+            .replace("/usr/local/Ascend/ascend-toolkit/set_env.sh", "/ns/Ascend/ascend-toolkit/set_env.sh"))
+
+
+def stand_in_cann(ns: Path, models: Path) -> None:
+    """/ns/Ascend/ascend-toolkit: the stand-in set_env.sh, and the fake pyACL where CANN keeps
+    pyACL (python/site-packages); /ns/model.om, a fake .om running the shared ONNX."""
+    toolkit = ns / "Ascend" / "ascend-toolkit"
+    site = toolkit / "latest" / "python" / "site-packages"
+    shutil.copytree(REPO / "tests" / "fakes" / "acl", site / "acl", ignore=shutil.ignore_patterns("__pycache__"))
+    (toolkit / "set_env.sh").write_text(STAND_IN_SET_ENV)
+    (ns / "model.om").write_bytes(b"fake om: see the .fake.json next to it")
+    (ns / "model.om.fake.json").write_text(json.dumps({"onnx": str(models / "yolov8n_coco_int8.onnx"), "batch": 1,
+                                                       "aipp": False}))
+    (ns / "ascend-env.conf").write_text(readme_drop_in())
+    for folder, _dirs, files in os.walk(ns / "Ascend"):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)
+
+
+def _environ(data: bytes) -> dict[str, str]:
+    return dict(entry.split("=", 1) for entry in data.decode().split("\0") if "=" in entry)
+
+
+@pytest.mark.shared
+def test_an_ascend_daemon_starts_under_the_unit_with_cann_variables_from_ascend_env(tmp_path, models, media):
+    _require_container_tools()
+    config = _daemon_config(models, media)
+    config["model"] = {"path": "/ns/model.om"}
+    config["accelerators"] = [{"backend": "ascend", "devices": [0], "batch": 1}]
+    container = Container(tmp_path, config)
+    stand_in_cann(container.ns, models)
+    obs = container.boot(ASCEND_SCRIPT, ASCEND_TIMEOUT_S, must_see=(models, media))
+
+    # a) without the file the shipped unit cannot import acl, and the journal says what to run
+    assert obs.props("a_start.rc").get("rc") != "0", f"started without CANN's variables{obs.context()}"
+    assert "yoloedge ascend-env -o /etc/yoloedge/ascend.env" in obs.text("a_journal.txt"), obs.text("a_journal.txt")
+
+    # b) written once, read by the unit's EnvironmentFile=: READY, and the stand-in's acl at work
+    assert obs.props("b_generate.rc").get("rc") == "0", obs.text("b_generate.txt")
+    assert obs.text("b_mode.txt").strip() == "root:root 644"
+    assert obs.props("b_start.rc").get("rc") == "0", f"systemctl start failed with ascend.env{obs.context()}"
+    b = obs.props("b_start.txt")
+    assert (b.get("ActiveState"), b.get("SubState")) == ("active", "running"), f"{b}{obs.context()}"
+    assert b.get("StatusText", "").startswith(("starting", "running")), f"no READY/STATUS from the daemon: {b}"
+    environ = _environ((obs.out / "b_environ.bin").read_bytes())
+    for name, value in STAND_IN_VARIABLES.items():
+        assert environ.get(name) == value, f"{name} in the daemon's environment: {environ.get(name)!r}"
+    assert environ["PATH"].startswith(f"{TOOLKIT_HOME}/bin:/usr/local/sbin:"), environ["PATH"]
+    detection = obs.text("b_detection.json")
+    assert detection.startswith("{") and json.loads(detection)["camera"] == "door", \
+        f"no detection message from the Ascend daemon: {detection!r}{obs.context()}"
+    workers = json.loads(obs.text("b_ctl.json") or "{}").get("accelerators", [])
+    assert [(w["backend"], w["state"]) for w in workers] == [("ascend", "running")], obs.text("b_ctl.json")
+    assert obs.props("b_stop.rc").get("rc") == "0"
+    report = json.loads(obs.text("b_acl_report.json") or "{}")  # written by the stand-in acl only
+    assert report.get("init_count") == 1 and report.get("finalize_count") == 1, \
+        f"the daemon did not run the stand-in pyACL: {report}{obs.context()}"
+    assert report["calls"].get("acl.mdl.execute", 0) >= 1, report["calls"]
+
+    # c) README's drop-in: the file removed, written again by ExecStartPre=+, read for the daemon
+    assert obs.props("c_start.rc").get("rc") == "0", f"start with the ExecStartPre= drop-in failed{obs.context()}"
+    c = obs.props("c_start.txt")
+    assert (c.get("ActiveState"), c.get("SubState")) == ("active", "running"), f"{c}{obs.context()}"
+    assert "ascend.env" in obs.text("c_files.txt").split()
+    again = _environ((obs.out / "c_environ.bin").read_bytes())
+    assert {name: again.get(name) for name in STAND_IN_VARIABLES} == STAND_IN_VARIABLES
+    assert obs.props("c_stop.rc").get("rc") == "0"

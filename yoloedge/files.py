@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import tempfile
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -65,6 +66,29 @@ def read_bounded(path: str, max_bytes: int) -> bytes:
     if len(data) > max_bytes:
         raise FileProblem(path, f"over the bound of {max_bytes:,} bytes", too_large=True)
     return data
+
+
+def write_atomically(path: str, data: bytes, mode: int | None = None) -> None:
+    """Replace the file at `path` with `data` in one step: a reader (an image viewer reloading a
+    snapshot, systemd reading an env file) sees the old file or the new one, never half of one.
+    `mode` None: what open() would have made (0666 less the umask), not mkstemp's 0600."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(temporary, 0o666 & ~_umask() if mode is None else mode)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def sha256_of(path: str, chunk: int = 1 << 20) -> str:

@@ -9,13 +9,14 @@ run next to the running daemon, e.g. before `systemctl reload yoloedge`.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.util
 import os
 import re
 import sys
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import Mapping, TextIO
+from typing import Mapping, Sequence, TextIO
 
 from ..backends.ort_install import config_clash
 from ..config import Config
@@ -41,21 +42,24 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     try:
-        environ = environment(os.environ, args.env_file)
-        config = load_config(args.config, environ)
+        from_files = environment({}, args.env_file)
+        config = load_config(args.config, {**os.environ, **from_files})
     except ConfigError as exc:
         print(printable(str(exc), keep_newlines=True), file=err)  # messages quote the file's keys
         return EX_CONFIG
     print(printable(f"{args.config}: OK ({_count(len(config.cameras), 'camera')}, "
                     f"{_count(len(config.accelerators), 'accelerator')})"), file=out)
-    for note in runtime_notes(config):
+    service_path = [entry for entry in from_files.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    for note in runtime_notes(config, service_path):
         print(printable(f"{args.config}: note: {note}"), file=err)
     return 0
 
 
-def runtime_notes(config: Config) -> list[str]:
+def runtime_notes(config: Config, service_path: Sequence[str] = ()) -> list[str]:
     """One line per accelerator whose backend runtime is not installed on this machine. A note, not
-    an error: the file is valid, and `check` may run where the daemon will not (a build host)."""
+    an error: the file is valid, and `check` may run where the daemon will not (a build host).
+    `service_path`: the PYTHONPATH of the env files (the service's, e.g. CANN's from ascend.env),
+    where a runtime this shell lacks is still found by the service."""
     notes = []
     for accelerator in config.accelerators:
         entry = CATALOGUE.get(accelerator.backend)
@@ -64,13 +68,19 @@ def runtime_notes(config: Config) -> list[str]:
         else:
             module = accelerator.backend.split(":", 1)[0]
             missing, install = (module if not module_found(module) else None), f"make {module!r} importable"
-        if missing is not None:
+        if missing is not None and not found_on(missing, service_path):
             notes.append(f"accelerator {accelerator.name} (backend {accelerator.backend}): the module {missing!r} "
                          f"is not installed here, so its workers would fail to start; install: {install}")
     clash = config_clash(a.backend for a in config.accelerators)
     if clash is not None:
         notes.append(f"ONNX Runtime: {clash}")
     return notes
+
+
+def found_on(name: str, path: Sequence[str]) -> bool:
+    """Whether the top-level package of module `name` is in one of the folders `path` (without
+    importing anything)."""
+    return bool(path) and importlib.machinery.PathFinder.find_spec(name.split(".", 1)[0], list(path)) is not None
 
 
 def module_found(name: str) -> bool:

@@ -15,13 +15,12 @@ import argparse
 import base64
 import binascii
 import json
-import os
 import sys
-import tempfile
 from typing import Callable
 
 from ..control.client import request, stream
 from ..demo.runner import detection_line
+from ..files import write_atomically
 from ..textsafe import printable
 
 EXIT_OK = 0
@@ -94,7 +93,7 @@ def snapshot(socket_path: str, camera: str, output: str, timeout: float) -> int:
         _say("the daemon's snapshot is not valid base64")
         return EXIT_UNKNOWN
     try:
-        _write_atomically(output, jpeg)
+        write_atomically(output, jpeg)  # a viewer reloading it never sees half an image
     except OSError as exc:
         _say(f"cannot write {output}: {exc.strerror or exc}")
         return EXIT_UNKNOWN
@@ -102,27 +101,6 @@ def snapshot(socket_path: str, camera: str, output: str, timeout: float) -> int:
     print(printable(f"{output}: camera {camera}, frame {reply.get('frame')} at {reply.get('ts')}, "
                     f"{reply.get('width')}x{reply.get('height')}, {count} object(s)"))
     return EXIT_OK
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    """A viewer reloading the file never sees half an image."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(prefix=".snapshot-", suffix=".jpg", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(temporary, 0o666 & ~_umask())  # as open() would have made it, not mkstemp's 0600
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _say(text: str) -> None:

@@ -103,8 +103,10 @@ CATALOGUE: dict[str, BackendEntry] = {entry.name: entry for entry in (
         name="ascend", module="yoloedge.backends.ascend", class_name="AscendBackend",
         summary="Huawei Atlas (Ascend NPU) through CANN's pyACL, running .om models built by ATC",
         model_suffixes=(".om",), runtime_modules=("acl",),
-        install="pyACL comes with Huawei CANN: source /usr/local/Ascend/ascend-toolkit/set_env.sh "
-                "(it is NOT the PyPI package 'pyacl')",
+        install="pyACL comes with Huawei CANN (it is NOT the PyPI package 'pyacl'): in a shell, source "
+                "/usr/local/Ascend/ascend-toolkit/set_env.sh; for the service, write its variables with "
+                "`yoloedge ascend-env -o /etc/yoloedge/ascend.env` (once after installing or upgrading CANN) "
+                "and restart it",
         settings_keys=("ascend",),
         read_settings=_section_reader("ascend", read_ascend_section),
         device_config=_section_device_config(ascend_config)),
