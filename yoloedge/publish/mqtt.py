@@ -36,6 +36,11 @@ Design (the why behind the code below; docs/mqtt.md has the topics and payloads)
   (its keep-alive check), and a server that is not an MQTT broker (HTTP, a TLS port spoken to
   in clear) closes it or sends what paho rejects. paho reports all of these only as a disconnect
   without a connect, so `_on_disconnect` turns them into `last_error` and one warning per outage.
+* Nothing but acknowledgements comes in (publish/inbound.py): we subscribe to nothing, so a
+  PUBLISH from the broker, a packet type a broker never sends to a publisher, or a packet larger
+  than MAX_INBOUND_PACKET_BYTES drops the connection before its body is read (a hostile broker or
+  a man in the middle could otherwise make paho allocate 256 MB, or keep a flood of QoS 2
+  messages); `last_error` says why, and the client reconnects as after any lost connection.
 * A TLS connection to a port that does not speak TLS fails in the handshake (an SSL error or a
   reset): `last_error` then asks whether the port is a TLS port.
 * Flapping (CONNACK, then the connection drops, again and again): the first lost connection is a
@@ -86,6 +91,7 @@ from ..config.tls import client_context
 from ..sources.state import CameraState
 from ..timeutil import utc_timestamp
 from .homeassistant import DISCOVERY_QOS, Discovery, Message, Renderer
+from .inbound import GuardedClient, check_hook
 from .spool import Record, Spool
 from .topics import Topics
 
@@ -288,8 +294,9 @@ class MqttPublisher:
     def _make_client(self) -> mqtt.Client:
         """Build the paho client: credentials, TLS, Last Will, back-off and our callbacks."""
         cfg = self._config
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
-                             clean_session=True, protocol=PROTOCOL)
+        check_hook()
+        client = GuardedClient(CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                               clean_session=True, protocol=PROTOCOL)
         if cfg.username is not None:
             client.username_pw_set(cfg.username, cfg.password)
         if cfg.tls is not None:
@@ -791,7 +798,9 @@ class MqttPublisher:
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
                        properties: Any) -> None:
         """Connection gone: new messages go to the outbox until the next CONNACK. Gone before
-        any CONNACK is the "not an MQTT broker" class (see the module docstring)."""
+        any CONNACK is the "not an MQTT broker" class (see the module docstring); dropped by the
+        inbound guard, its reason (publish/inbound.py)."""
+        refusal = client.take_refusal() if isinstance(client, GuardedClient) else None
         with self._lock:
             was_connected = self._connected
             connack_seen, self._connack_seen = self._connack_seen, False
@@ -802,6 +811,8 @@ class MqttPublisher:
             self._lock.notify_all()
         if closing:
             logger.debug("MQTT: disconnected from %s (%s)", self.broker, reason_code)
+        elif refusal is not None:
+            self._record_error(f"broker {self.broker} {refusal}; disconnected, reconnecting")
         elif was_connected:
             self._connection_lost(str(reason_code))
         elif not connack_seen:  # a refusal (a CONNACK) was reported by _on_connect already
