@@ -49,7 +49,9 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
               "spooled": int | null (messages in mqtt.spool_dir; null without a spool),
               "delivered": int, "dropped": int, "ack_stalled": bool (connected, but nothing
               acknowledged for a while), "unstable": bool (the broker keeps closing fresh
-              connections), "last_error": str | null}}
+              connections), "last_error": str | null (the error that holds, else the most
+              recent one), "last_error_at": str | null (UTC, when it was last reported),
+              "error_active": bool (whether it still holds)}}
 
 The daemon may add keys (e.g. `daemon.device_id`, `daemon.restart_needed_for`: changed keys
 that only a restart applies); `status` shows what it knows and ignores the rest.

@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import functools
 import json
 import logging
@@ -88,6 +89,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
 from ..config.schema import MqttConfig
 from ..config.tls import client_context
+from ..health.errorbook import ErrorBook
 from ..sources.state import CameraState
 from ..timeutil import utc_timestamp
 from .homeassistant import DISCOVERY_QOS, Discovery, Message, Renderer
@@ -102,7 +104,7 @@ PROTOCOL = mqtt.MQTTv311
 STATUS_QOS = 1
 #: at most one "dropped messages" warning per this many seconds; the rest are summed into it.
 DROP_LOG_INTERVAL_S = 10.0
-#: a connection error that persists is logged as a warning again after this many seconds.
+#: an error of one kind that persists is logged as a warning again after this many seconds.
 ERROR_REPEAT_LOG_S = 300.0
 #: the longest part of a stop() timeout kept for the clean disconnect after waiting for delivery.
 DISCONNECT_RESERVE_S = 1.0
@@ -122,6 +124,21 @@ SHORT_LIVED_S = 10.0
 SHORT_LIVED_LIMIT = 3
 _MAX_TOPIC_BYTES = 65535
 _MAX_PAYLOAD_BYTES = 268435455
+
+
+class ErrorKind(enum.Enum):
+    """The kinds of error the log de-duplicates separately (health/errorbook.py), and what ends
+    each one."""
+
+    CONNECTION = "connection"  # cannot connect, refused, no CONNACK, lost: until a CONNACK
+    REFUSED = "refused"  # the inbound guard dropped a connection: until one lasts FLAP_WINDOW_S
+    UNSTABLE = "unstable"  # fresh connections closed again and again: the same
+    ACK_STALL = "ack_stall"  # connected, but nothing acknowledged: until an acknowledgement
+    SPOOL_WRITE = "spool_write"  # a message could not be appended: until one can
+    SPOOL = "spool"  # the spool thread failed (read, fsync, delete): until a round works
+    SPOOL_CLOSE = "spool_close"  # the final fsync at stop failed: holds (nothing follows)
+    SPOOL_LOST = "spool_lost"  # messages found unreadable in the spool: an event
+    INTERNAL = "internal"  # a bug caught in a callback or in stop(): an event
 
 
 def _json_default(obj: Any) -> Any:
@@ -180,9 +197,7 @@ def _callback(method: Callable[..., None]) -> Callable[..., None]:
         try:
             method(self, *args)
         except Exception as exc:  # noqa: BLE001 - logged with traceback and reported in stats
-            logger.exception("MQTT: internal error in %s", method.__name__)
-            with self._lock:
-                self._last_error = f"internal error in {method.__name__}: {exc!r}"
+            self._internal_error(f"internal error in {method.__name__}: {exc!r}")
 
     return wrapper
 
@@ -219,9 +234,7 @@ class MqttPublisher:
         self._dropped = 0
         self._drops_unlogged = 0
         self._last_drop_log: float | None = None
-        self._last_error: str | None = None
-        self._error_logged: str | None = None  # last error warned about since the last connect
-        self._error_logged_at = 0.0
+        self._errors = ErrorBook(ERROR_REPEAT_LOG_S, clock)  # last_error; one warning per kind
         self._lost_logged_at: float | None = None  # when a lost connection was last warned about
         self._flaps = 0  # lost connections since then, not yet reported
         self._flap_reason = ""
@@ -232,7 +245,6 @@ class MqttPublisher:
         self._last_ack_at = 0.0
         self._pending_since: dict[int, float] = {}  # mid -> when it was handed to paho
         self._ack_stall: str | None = None  # the last_error that reports missing acks
-        self._spool_error_logged: str | None = None
         self._status: str | None = None
         self._stop_requested = False
         self._closed = False
@@ -278,7 +290,8 @@ class MqttPublisher:
             recovered = spool.open()
         except OSError as exc:
             self._spool = None
-            self._record_error(f"cannot open the spool {spool.directory}: {exc}; messages are "
+            self._record_error(ErrorKind.SPOOL_WRITE,
+                               f"cannot open the spool {spool.directory}: {exc}; messages are "
                                f"kept in memory only")
             return
         if recovered or spool.discarded_bytes:
@@ -319,9 +332,7 @@ class MqttPublisher:
         try:
             self._stop(timeout_s, final_status)
         except Exception as exc:  # noqa: BLE001 - logged with traceback and reported in stats
-            logger.exception("MQTT: stopping the client failed")
-            with self._lock:
-                self._last_error = f"stopping the client failed: {exc}"
+            self._internal_error(f"stopping the client failed: {exc}")
 
     def _stop(self, timeout_s: float, final_status: str | None) -> None:
         with self._send_lock:
@@ -353,7 +364,8 @@ class MqttPublisher:
             try:
                 spool.close()  # releases its files and directory lock even when this raises
             except OSError as exc:
-                self._record_error(f"closing the spool {spool.directory} failed: {exc}; the "
+                self._record_error(ErrorKind.SPOOL_CLOSE,
+                                   f"closing the spool {spool.directory} failed: {exc}; the "
                                    f"messages spooled last may not survive a power cut")
 
     def _wait_drained(self, deadline: float) -> bool:
@@ -559,9 +571,12 @@ class MqttPublisher:
         try:
             seq = spool.append(Record(msg.topic, bytes(msg.payload), msg.qos, msg.retain))
         except OSError as exc:
-            self._record_error(f"cannot write to the spool {spool.directory}: {exc}; "
+            self._record_error(ErrorKind.SPOOL_WRITE,
+                               f"cannot write to the spool {spool.directory}: {exc}; "
                                f"messages are kept in memory meanwhile")
             return False
+        if self._errors.resolve(ErrorKind.SPOOL_WRITE):
+            logger.info("MQTT: the spool %s takes messages again", spool.directory)
         msg = dataclasses.replace(msg, seq=seq)
         with self._lock:
             self._published += 1
@@ -583,9 +598,10 @@ class MqttPublisher:
             self._note_drop(f"spool full ({self._config.spool_limit_bytes} bytes); its oldest "
                             f"messages were deleted", count=new)
         if lost:
-            self._record_error(f"spool {spool.directory}: {lost} message(s) could not be read "
+            self._record_error(ErrorKind.SPOOL_LOST,
+                               f"spool {spool.directory}: {lost} message(s) could not be read "
                                f"back (its files were deleted, truncated or unreadable) and are "
-                               f"dropped; the spool goes on")
+                               f"dropped; the spool goes on", active=False)
             self._note_drop("unreadable in the spool", count=lost)
 
     def _send(self, msg: _Outgoing, from_outbox: bool = False) -> bool:
@@ -675,12 +691,13 @@ class MqttPublisher:
             if waited < self.ack_stall_s():
                 return
             waiting, first = len(self._pending_since), self._ack_stall is None
-            self._ack_stall = (f"the broker {self.broker} has not acknowledged {waiting} "
-                               f"message(s) for {waited:.0f} s; it is connected but may be "
-                               f"overloaded or broken")
-            self._last_error = self._ack_stall
+            self._ack_stall = stall = (f"the broker {self.broker} has not acknowledged {waiting} "
+                                       f"message(s) for {waited:.0f} s; it is connected but may "
+                                       f"be overloaded or broken")
         if first:
-            logger.warning("MQTT: %s", self._ack_stall)
+            self._record_error(ErrorKind.ACK_STALL, stall)
+        else:  # the same stall, older: said when it began
+            self._errors.update(ErrorKind.ACK_STALL, stall)
 
     def stats(self) -> dict:
         """Counters for the daemon's status: queued = waiting or not yet acknowledged (in memory
@@ -698,7 +715,7 @@ class MqttPublisher:
                 "dropped": self._dropped,
                 "published": self._published,
                 "reconnects": self._reconnects,
-                "last_error": self._last_error,
+                **self._errors.status(),
                 "ack_stalled": self._ack_stall is not None,
                 "unstable": self._unstable is not None,
                 "broker": self.broker,
@@ -714,13 +731,14 @@ class MqttPublisher:
         with self._lock:
             self._connack_seen = True
         if reason_code.is_failure:
-            self._record_error(f"connection refused by {self.broker}: {reason_code} "
+            self._record_error(ErrorKind.CONNECTION,
+                               f"connection refused by {self.broker}: {reason_code} "
                                f"(reason code {reason_code.value}); retrying")
             return
         with self._send_lock:
             with self._lock:
                 self._connected = True
-                self._error_logged = None  # the next problem is news again
+                self._errors.resolve(ErrorKind.CONNECTION)  # the next problem is news again
                 if self._connects:
                     self._reconnects += 1
                 self._connects += 1
@@ -780,7 +798,13 @@ class MqttPublisher:
         """A (re)connect attempt failed before any CONNACK: unreachable, refused, TLS error.
         paho calls this inside its `except OSError`, so the exception is still at hand."""
         exc = sys.exc_info()[1]
-        self._record_error(f"cannot connect to {self.broker}: {exc!r}{self._tls_hint(exc)}; "
+        with self._lock:
+            closing = self._closed
+        if closing:  # an attempt that was under way when stop() began: no news
+            logger.debug("MQTT: connection attempt during stop failed: %r", exc)
+            return
+        self._record_error(ErrorKind.CONNECTION,
+                           f"cannot connect to {self.broker}: {exc!r}{self._tls_hint(exc)}; "
                            f"retrying")
 
     def _tls_hint(self, exc: BaseException | None) -> str:
@@ -812,11 +836,12 @@ class MqttPublisher:
         if closing:
             logger.debug("MQTT: disconnected from %s (%s)", self.broker, reason_code)
         elif refusal is not None:
-            self._record_error(f"broker {self.broker} {refusal}; disconnected, reconnecting")
+            self._record_error(ErrorKind.REFUSED,
+                               f"broker {self.broker} {refusal}; disconnected, reconnecting")
         elif was_connected:
             self._connection_lost(str(reason_code))
         elif not connack_seen:  # a refusal (a CONNACK) was reported by _on_connect already
-            self._record_error(self._no_connack_error(str(reason_code)))
+            self._record_error(ErrorKind.CONNECTION, self._no_connack_error(str(reason_code)))
 
     def _connection_lost(self, reason: str) -> None:
         """Warn about the first lost connection; within FLAP_WINDOW_S after that, count the
@@ -824,57 +849,53 @@ class MqttPublisher:
         message = f"connection to {self.broker} lost: {reason}; reconnecting"
         now = self._clock()
         summary = None
-        unstable = self._note_short_lived(now)
         with self._lock:
-            self._last_error = unstable or message
             quiet = (self._lost_logged_at is not None
                      and now - self._lost_logged_at < FLAP_WINDOW_S)
             if quiet:
                 self._flaps += 1
                 self._flap_reason = reason
                 self._connect_quiet = True
+            else:
+                if self._flaps and self._lost_logged_at is not None:
+                    summary = (f"reconnected {self._flaps} time(s) in the last "
+                               f"{now - self._lost_logged_at:.0f} s; last reason: {self._flap_reason}")
+                self._lost_logged_at, self._flaps = now, 0
+        self._errors.update(ErrorKind.CONNECTION, message, warned=not quiet)
+        self._note_short_lived(now)  # after: "unstable", when it is, is the latest error
         if quiet:
             logger.debug("MQTT: %s", message)
-            return
-        with self._lock:
-            if self._flaps and self._lost_logged_at is not None:
-                summary = (f"reconnected {self._flaps} time(s) in the last "
-                           f"{now - self._lost_logged_at:.0f} s; last reason: {self._flap_reason}")
-            self._lost_logged_at, self._flaps = now, 0
-            self._error_logged, self._error_logged_at = message, now
-        if summary is not None:
+        elif summary is not None:
             logger.warning("MQTT: connection to %s is unstable: %s; lost again: %s", self.broker,
                            summary, reason)
         else:
             logger.warning("MQTT: %s", message)
 
-    def _note_short_lived(self, now: float) -> str | None:
-        """The "unstable" report when the broker keeps closing connections it just accepted; the
-        first report is logged. Cleared by `_check_stable` once a connection lasts."""
+    def _note_short_lived(self, now: float) -> None:
+        """Report "unstable" when the broker keeps closing connections it just accepted. Ended by
+        `_check_stable` once a connection lasts."""
         with self._lock:
             if self._connected_at is None or now - self._connected_at > SHORT_LIVED_S:
-                return None
+                return
             self._short_lived = [t for t in self._short_lived if now - t <= FLAP_WINDOW_S] + [now]
             if len(self._short_lived) < SHORT_LIVED_LIMIT:
-                return None
-            first = self._unstable is None
-            self._unstable = (f"the broker {self.broker} closed the connection {len(self._short_lived)} "
-                              f"times within {SHORT_LIVED_S:g} s of accepting it: is another client "
-                              f"connected with client id {self.client_id!r} (two daemons with the same "
-                              f"device_id)?")
-            unstable = self._unstable
-        if first:
-            logger.warning("MQTT: %s", unstable)
-        return unstable
+                return
+            self._unstable = unstable = (
+                f"the broker {self.broker} closed the connection {len(self._short_lived)} times "
+                f"within {SHORT_LIVED_S:g} s of accepting it: is another client connected with "
+                f"client id {self.client_id!r} (two daemons with the same device_id)?")
+        self._record_error(ErrorKind.UNSTABLE, unstable)
 
     def _check_stable(self) -> None:
-        """A connection that lasted FLAP_WINDOW_S ends the "unstable" report."""
+        """A connection that lasted FLAP_WINDOW_S ends the "unstable" report, and a refusal by
+        the inbound guard: that broker behaves now."""
         with self._lock:
-            if (self._unstable is not None and self._connected and self._connected_at is not None
+            if not (self._connected and self._connected_at is not None
                     and self._clock() - self._connected_at > FLAP_WINDOW_S):
-                self._unstable, self._short_lived = None, []
-                if self._last_error and self._last_error.startswith(f"the broker {self.broker} closed"):
-                    self._last_error = None
+                return
+            self._unstable, self._short_lived = None, []
+        self._errors.resolve(ErrorKind.UNSTABLE)
+        self._errors.resolve(ErrorKind.REFUSED)
 
     def _no_connack_error(self, reason: str) -> str:
         """The message is the same on every retry, so _record_error warns once per outage."""
@@ -896,8 +917,6 @@ class MqttPublisher:
             self._pending_since.pop(mid, None)
             self._last_ack_at = self._clock()
             resumed, self._ack_stall = self._ack_stall, None
-            if resumed is not None and self._last_error == resumed:
-                self._last_error = None
             if sent is not None:
                 self._queued_bytes -= len(sent.payload)
                 if sent.seq is not None and self._spool is not None:
@@ -907,6 +926,7 @@ class MqttPublisher:
             self._delivered += 1
             self._lock.notify_all()
         if resumed is not None:
+            self._errors.resolve(ErrorKind.ACK_STALL)
             logger.info("MQTT: %s acknowledges messages again", self.broker)
 
     # ------------------------------------------------------------------ spool thread
@@ -929,25 +949,24 @@ class MqttPublisher:
             try:
                 progress = self._drain_spool(spool) > 0
                 spool.sync()
-                self._spool_error_logged = None
+                if self._errors.resolve(ErrorKind.SPOOL):
+                    logger.info("MQTT: the spool %s works again", spool.directory)
             except Exception as exc:  # noqa: BLE001 - logged with traceback and reported in stats
                 self._spool_failed(spool, exc)
                 time.sleep(SPOOL_SYNC_INTERVAL_S)
             self._count_spool_drops(spool)
 
     def _spool_failed(self, spool: Spool, exc: Exception) -> None:
-        """Report a failure of the spool thread: with its traceback the first time, then (the
-        same failure every second, a disk that stays broken) only in stats and at debug level."""
+        """Report a failure of the spool thread: a warning (with its traceback unless it is the
+        disk's or the directory's fault) the first time, then (a disk that stays broken fails
+        every second) at debug level and in one warning per ERROR_REPEAT_LOG_S."""
         message = f"spool {spool.directory}: {exc}"
-        with self._lock:
-            self._last_error = message
-            repeated, self._spool_error_logged = self._spool_error_logged == message, message
-        if repeated:
+        warn = self._errors.report(ErrorKind.SPOOL, message)
+        if warn is None:
             logger.debug("MQTT: %s", message)
-        elif isinstance(exc, OSError):  # the disk or the directory, not a bug: no traceback
-            logger.warning("MQTT: %s", message)
         else:
-            logger.exception("MQTT: %s", message)
+            logger.warning("MQTT: %s%s", message, warn.suffix(),
+                           exc_info=None if isinstance(exc, OSError) else exc)
 
     def _drain_spool(self, spool: Spool) -> int:
         """Send what the spool holds beyond its cursor, within the in-memory limits; returns
@@ -965,18 +984,26 @@ class MqttPublisher:
                 self._send(_Outgoing(rec.topic, rec.payload, rec.qos, rec.retain, seq))
             return len(records)
 
-    def _record_error(self, message: str) -> None:
-        """Keep the error for stats(); warn when it is new since the last successful connect,
-        and again every ERROR_REPEAT_LOG_S while it persists, so a long outage stays visible
-        without a warning per retry."""
-        now = self._clock()
-        with self._lock:
-            self._last_error = message
-            warn = (message != self._error_logged
-                    or now - self._error_logged_at >= ERROR_REPEAT_LOG_S)
-            if warn:
-                self._error_logged, self._error_logged_at = message, now
-        logger.log(logging.WARNING if warn else logging.DEBUG, "MQTT: %s", message)
+    def _record_error(self, kind: ErrorKind, message: str, active: bool = True) -> None:
+        """Keep the error for stats(); warn when its kind is news (the first of its kind, or
+        the first since that kind was resolved) and again every ERROR_REPEAT_LOG_S while it
+        persists, with the count of the repeats in between: a long outage stays visible without
+        a warning per retry, and two errors that alternate do not defeat that."""
+        warn = self._errors.report(kind, message, active=active)
+        if warn is None:
+            logger.debug("MQTT: %s", message)
+        else:
+            logger.warning("MQTT: %s%s", message, warn.suffix())
+
+    def _internal_error(self, message: str) -> None:
+        """A bug caught (call it in the `except` block): logged with its traceback like any
+        error kind, once and then once per ERROR_REPEAT_LOG_S, so a callback that fails on
+        every packet cannot flood the journal."""
+        warn = self._errors.report(ErrorKind.INTERNAL, message, active=False)
+        if warn is None:
+            logger.debug("MQTT: %s", message)
+        else:
+            logger.exception("MQTT: %s%s", message, warn.suffix())
 
 
 def _check_config(config: MqttConfig) -> None:
