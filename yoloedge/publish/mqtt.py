@@ -484,7 +484,9 @@ class MqttPublisher:
     def publish_camera_state(self, camera: str, state: dict) -> bool:
         """Retained state of `camera`, so a new subscriber sees it at once."""
         published = self.publish(self.topics.camera_state(camera), state, retain=True)
-        if self._ha is not None and state.get("state") != str(CameraState.STREAMING):
+        if state.get("state") == str(CameraState.STREAMING):
+            self._discovery.resume_counts(camera)
+        elif self._ha is not None:
             zeros = self._ha.discovery.clear_counts(camera, self._clock())  # nothing in view now
             if zeros is not None:
                 self._publish_discovery([self._ha.objects(camera, zeros)])
