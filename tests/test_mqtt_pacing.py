@@ -271,3 +271,25 @@ def test_two_publishers_with_other_seeds_do_not_reconnect_in_step(make_publisher
         assert max(spread) - min(spread) > 0.005 and all(0.039 <= d <= 0.061 for d in spread)
     finally:
         server.close()
+
+
+def test_while_a_memory_backlog_drains_a_new_message_replaces_the_oldest_waiting(make_publisher):
+    """The queue is full of an outage's backlog, draining one a second: a new message must not be
+    refused (it would wait behind the paced backlog, or be lost): the oldest waiting one makes
+    room. The broker here never acknowledges, so what was handed over stays counted."""
+    clock = _Clock()
+    server = _HoldingBroker(refuse=True)
+    try:
+        pub = make_publisher(server.host, server.port, clock=clock, drain_rate=1, queue_limit=10)
+        for seq in range(10):
+            assert pub.publish_detections("cam1", {"seq": seq})
+        assert not pub.publish_detections("cam1", {"seq": 10}), "disconnected: the newest is dropped"
+        assert pub.stats()["dropped"] == 1
+        server.refuse = False  # it takes connections now, and acknowledges nothing
+        assert pub.wait_connected(10)
+        assert _wait(lambda: pub.stats()["drained"] == 1, 10), pub.stats()
+        assert pub.publish_detections("cam1", {"seq": 11}), "connected: the new one goes out"
+        stats = pub.stats()
+        assert stats["dropped"] == 2 and stats["backlog"] == 8 and stats["queued"] == 10, stats
+    finally:
+        server.close()
