@@ -976,6 +976,7 @@ class MqttPublisher:
             closing = self._closed
             lasted = (self._clock() - self._connected_at
                       if was_connected and self._connected_at is not None else None)
+            self._errors.resolve(ErrorKind.ACK_STALL)
             self._lock.notify_all()
         if closing:
             logger.debug("MQTT: disconnected from %s (%s)", self.broker, reason_code)
