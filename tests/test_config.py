@@ -122,8 +122,8 @@ def test_minimal_config_takes_the_documented_defaults(tmp_path, model):
                                               io_binding=True)
     q = config.mqtt
     assert (q.host, q.port, q.username, q.password, q.tls, q.topic_prefix, q.qos, q.client_id, q.keepalive_s,
-            q.queue_limit, q.stats_interval_s, q.reconnect_min_s, q.reconnect_max_s) == \
-           ("localhost", 1883, None, None, None, "yoloedge", 1, None, 30, 10000, 10.0, 1.0, 30.0)
+            q.queue_limit, q.stats_interval_s, q.reconnect_min_s, q.reconnect_max_s, q.drain_rate) == \
+           ("localhost", 1883, None, None, None, "yoloedge", 1, None, 30, 10000, 10.0, 1.0, 30.0, 100.0)
     assert (config.health.stall_timeout_s, config.health.watchdog, config.health.status_interval_s) == (10.0, True, 5.0)
     assert (config.control.socket, config.control.mode) == ("/run/yoloedge/control.sock", 0o660)
     assert (config.logging.level, config.logging.target) == ("info", "auto")

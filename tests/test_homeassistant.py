@@ -313,6 +313,18 @@ def test_objects_counts_are_rate_limited_and_new_labels_announced():
     assert reg.count("unknown", ["person"], 1.0) == ([], None)
 
 
+def test_a_frame_in_flight_after_the_camera_stopped_leaves_the_zeros_standing():
+    """At shutdown the accelerator may publish frames for seconds after the camera's "stopped"
+    zeros; their counts must not follow the zeros (they would stay retained on the broker)."""
+    reg = Discovery("edge1", "1.0", "m.onnx")
+    reg.set_camera("cam", ["person", "dog"])
+    assert reg.count("cam", ["person", "person"], 100.0) == ([], {"person": 2, "dog": 0})
+    assert reg.clear_counts("cam", 101.0) == {"person": 0, "dog": 0}
+    assert reg.count("cam", ["person", "person"], 105.0) == ([], None)
+    reg.resume_counts("cam")  # streaming again
+    assert reg.count("cam", ["person"], 106.0) == ([], {"person": 1, "dog": 0})
+
+
 def test_classes_change_and_removal_name_the_entities_to_delete():
     reg = Discovery("edge1", "1.0", "m.onnx")
     assert reg.set_camera("cam", ["person", "car"]) == []

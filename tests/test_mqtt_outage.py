@@ -342,7 +342,7 @@ def test_a_damaged_spool_record_does_not_make_the_spool_thread_spin(tmp_path, mo
         return out
 
     def wait(timeout=None):
-        if threading.current_thread().name == "mqtt-spool":
+        if threading.current_thread().name == "mqtt-drain":
             events.append("wait")
         return real_wait(timeout)
 
@@ -441,8 +441,9 @@ def test_daemon_restart_during_an_outage_loses_no_detection(tmp_path, models, me
 
 def test_spool_outage_within_one_run_keeps_order(mosquitto_factory, subscriber_factory,
                                                   make_publisher, tmp_path):
-    """Broker killed (in-flight messages unacknowledged) and back while publishing: the spool is
-    rewound to the oldest unacknowledged record; nothing lost, first copies in order."""
+    """Broker stopped (in-flight messages unacknowledged) and back while publishing: the spool is
+    rewound to the oldest unacknowledged record; nothing lost; the backlog's first copies in
+    order, and the messages published after the reconnect in order (they may overtake it)."""
     broker = mosquitto_factory(persistence=True)
     topic = TOPICS.detections("cam1")
     sub = subscriber_factory(broker, (topic,), client_id="spool-run-sub", clean_session=False)
@@ -462,10 +463,14 @@ def test_spool_outage_within_one_run_keeps_order(mosquitto_factory, subscriber_f
     broker.stop()
     publish_for(1.5)
     broker.start()
+    assert pub.wait_connected(10)
+    live = seq  # from here on published while connected: not held behind the backlog
     publish_for(1.0)
     assert sub.wait_for(lambda ms: {m.json()["seq"] for m in ms} >= set(range(seq)), 20)
     received = [m.json()["seq"] for m in sub.messages(topic)]
-    assert list(dict.fromkeys(received)) == list(range(seq))
+    first_seen = list(dict.fromkeys(received))
+    assert [s for s in first_seen if s < live] == list(range(live))
+    assert [s for s in first_seen if s >= live] == list(range(live, seq))
     assert _wait(lambda: pub.stats()["spooled"] == 0 and pub.stats()["queued"] == 0, 10)
     assert pub.stats()["dropped"] == 0
     print(f"\nspool outage: {seq} published, {len(received)} received "
@@ -683,7 +688,8 @@ def test_broker_that_never_acknowledges_is_reported_and_cleared(make_publisher, 
         server.start_acking()
         assert _wait(lambda: pub.stats()["delivered"] == 3, 10)
         stats = pub.stats()
-        assert not stats["ack_stalled"] and stats["last_error"] is None and stats["queued"] == 0
+        assert not stats["ack_stalled"] and stats["queued"] == 0
+        assert "has not acknowledged" in stats["last_error"] and not stats["error_active"], stats
     finally:
         server.close()
 
@@ -743,4 +749,69 @@ def test_two_clients_with_one_client_id_are_reported_as_unstable(mosquitto, make
     assert first.stats()["unstable"], "a connection that has not lasted yet proves nothing"
     clock.now += 61  # the connection lasted: the report ends
     stats = first.stats()
-    assert not stats["unstable"] and stats["last_error"] is None and stats["connected"], stats
+    assert not stats["unstable"] and not stats["error_active"] and stats["connected"], stats
+    assert "closed the connection 3 times" in stats["last_error"], "shown as past, not forgotten"
+
+
+def _said(caplog, text: str) -> int:
+    """How many records (any level) mention `text`."""
+    return sum(text in r.getMessage() for r in caplog.records)
+
+
+def test_two_errors_at_once_are_each_warned_once_then_summed(tmp_path, make_publisher, caplog):
+    """The broker away and the spool's disk full at once, their reports alternating: each kind
+    is one warning, then one per ERROR_REPEAT_LOG_S with the count, never a warning per retry."""
+    from test_spool import _DiskFills
+
+    from yoloedge.publish.mqtt import ERROR_REPEAT_LOG_S
+    caplog.set_level(logging.DEBUG, logger="yoloedge")
+    clock = _Clock()
+    server = FakeServer("close")  # every attempt: closed without a CONNACK
+    lost, full = "closed the connection without sending an MQTT CONNACK", "cannot write to the spool"
+    try:
+        pub = make_publisher(server.host, server.port, spool_dir=str(tmp_path / "spool"),
+                             spool_write=_DiskFills(full_after=0), clock=clock)
+        for seq in range(6):
+            before = _said(caplog, lost)
+            assert pub.publish_detections("cam1", {"seq": seq})  # the spool fails: in memory
+            assert _wait(lambda before=before: _said(caplog, lost) > before, 10)
+        assert _said(caplog, full) >= 6
+        assert len(_warnings(caplog, lost)) == 1 and len(_warnings(caplog, full)) == 1
+        clock.now += ERROR_REPEAT_LOG_S + 1  # both persist: each warned again, with its count
+        assert pub.publish_detections("cam1", {"seq": 6})
+        assert _wait(lambda: len(_warnings(caplog, lost)) == 2, 10)
+        repeats = [m for m in _warnings(caplog, lost) + _warnings(caplog, full) if "more time" in m]
+        assert len(repeats) == 2 and len(_warnings(caplog, full)) == 2, repeats
+        assert all(re.search(r"\((\d+) more time\(s\) in the last 301 s\)", m) for m in repeats)
+        assert int(re.search(r"\((\d+) more", _warnings(caplog, full)[1]).group(1)) == 5
+    finally:
+        server.close()
+
+
+def test_after_a_recovery_the_old_error_is_shown_as_past_with_its_time(
+        tmp_path, mosquitto_factory, make_publisher):
+    from test_spool import _DiskFills
+    ts = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+    broker = mosquitto_factory()
+    broker.stop()
+    disk = _DiskFills(full_after=0)
+    pub = make_publisher(broker.host, broker.port, spool_dir=str(tmp_path / "spool"),
+                         spool_write=disk, keepalive_s=5)
+    assert _wait(lambda: "cannot connect" in (pub.stats()["last_error"] or ""), 10), pub.stats()
+    stats = pub.stats()
+    assert stats["error_active"] and ts.match(stats["last_error_at"]) and not stats["connected"]
+    assert pub.publish_detections("cam1", {"seq": 1})
+    stats = pub.stats()
+    assert "cannot write to the spool" in stats["last_error"] and stats["error_active"]
+    disk.free()
+    assert pub.publish_detections("cam1", {"seq": 2})  # the spool is written again: that is over
+    stats = pub.stats()
+    assert "cannot connect" in stats["last_error"] and stats["error_active"], \
+        "the error that still holds, not the latest one that is over"
+    broker.start()
+    assert pub.wait_connected(10)
+    stats = pub.stats()
+    assert stats["connected"] and not stats["error_active"], stats
+    # both are over: the most recent of them is shown, as past
+    assert re.search("cannot connect|cannot write to the spool", stats["last_error"]), stats
+    assert ts.match(stats["last_error_at"])

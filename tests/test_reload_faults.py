@@ -203,9 +203,9 @@ def test_a_client_that_fails_half_way_through_starting_releases_its_spool(tmp_pa
     assert spool.open() == 0  # not "in use by another process"
     spool.close()
     deadline = time.monotonic() + 5
-    while any(t.name == "mqtt-spool" for t in threading.enumerate()) and time.monotonic() < deadline:
+    while any(t.name == "mqtt-drain" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not any(t.name == "mqtt-spool" for t in threading.enumerate())
+    assert not any(t.name == "mqtt-drain" for t in threading.enumerate())
 
 
 def test_the_publisher_goes_back_even_when_putting_the_cameras_back_fails(tmp_path, models, mosquitto,

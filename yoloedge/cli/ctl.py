@@ -49,7 +49,12 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
               "spooled": int | null (messages in mqtt.spool_dir; null without a spool),
               "delivered": int, "dropped": int, "ack_stalled": bool (connected, but nothing
               acknowledged for a while), "unstable": bool (the broker keeps closing fresh
-              connections), "last_error": str | null},
+              connections), "backlog": int (waiting to be sent), "drained": int (backlog
+              messages sent at drain_rate after reconnects), "superseded": int (retained copies
+              skipped for a newer one), "drain_rate": float, "reconnect_delay_s": float | null
+              (the wait before the current attempt), "last_error": str | null (the error that holds, else the most
+              recent one), "last_error_at": str | null (UTC, when it was last reported),
+              "error_active": bool (whether it still holds)},
      "http": {"listen": str | null (null: off or not bound), "accept_failures": int,
               "refused": int (clients told "out of file descriptors" and closed),
               "last_accept_failure": str | null (UTC), "accept_failing": bool,

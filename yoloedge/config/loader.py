@@ -55,6 +55,8 @@ MAX_WAIT_S = 3600
 #: bounds of the MQTT outbox: in memory (an edge box has a few GiB), and on disk.
 MAX_QUEUE_BYTES = 1024 ** 3
 MAX_SPOOL_BYTES = 1024 ** 4
+#: the fastest paced drain of the MQTT backlog, in messages a second (0 means unpaced).
+MAX_DRAIN_RATE = 100_000
 #: the most detections kept per frame, and the largest model input side (8192: MAX_IMAGE_PIXELS).
 MAX_DETECTIONS = 100_000
 MAX_IMGSZ = 8192
@@ -288,6 +290,7 @@ def read_mqtt(ctx: Context, item: Item) -> Any:
         "stats_interval_s": Number(gt=0, le=MAX_WAIT_S, example=10),
         "reconnect_min_s": Number(gt=0, le=MAX_WAIT_S, example=1),
         "reconnect_max_s": Number(gt=0, le=MAX_WAIT_S, example=30),
+        "drain_rate": Number(ge=0, le=MAX_DRAIN_RATE, example=100),
         "homeassistant": read_homeassistant,
     })
     if values is None:

@@ -114,6 +114,10 @@ class MqttConfig:
     stats_interval_s: float = 10.0
     reconnect_min_s: float = 1.0
     reconnect_max_s: float = 30.0
+    #: messages a second at most for the backlog after a reconnect (an outage's queue, the spool of
+    #: the previous run), with at most one second's worth at once; new messages and retained state
+    #: are not held back. 0: as fast as the broker takes them. See publish/pacing.py.
+    drain_rate: float = 100.0
     #: Home Assistant discovery; None (the default): no discovery messages.
     homeassistant: HomeAssistantConfig | None = None
 

@@ -79,6 +79,10 @@ class _Camera:
     seen: list[str] = field(default_factory=list)  # without classes: labels in first-seen order
     published: dict[str, int] | None = None  # the counts last handed to the client
     published_at: float | None = None
+    #: not streaming (stopped, stalled, ...): the counts stay at zero until it streams again, or
+    #: a frame still in flight when the camera stopped (a slow accelerator draining at shutdown)
+    #: would publish its counts after the zeros and leave them standing.
+    idle: bool = False
 
     @property
     def labels(self) -> list[str]:
@@ -150,6 +154,7 @@ class Discovery:
             if cam is None:
                 return [], None
             frame = list(labels_in_frame)
+            counts_due = not cam.idle
             new: list[str] = []
             if cam.classes is None:
                 for label in frame:
@@ -160,7 +165,7 @@ class Discovery:
             for label in frame:
                 if label in counts:
                     counts[label] += 1
-            if counts == cam.published or (
+            if not counts_due or counts == cam.published or (
                     cam.published_at is not None and not new
                     and now - cam.published_at < OBJECTS_MIN_INTERVAL_S):
                 return new, None
@@ -168,16 +173,25 @@ class Discovery:
             return new, counts
 
     def clear_counts(self, camera: str, now: float) -> dict[str, int] | None:
-        """All zeros, when the camera stopped streaming and the last counts were not zeros."""
+        """All zeros, when the camera stopped streaming and the last counts were not zeros; no
+        counts are due from then on until `resume_counts`."""
         with self._lock:
             cam = self._cameras.get(camera)
             if cam is None:
                 return None
+            cam.idle = True
             zeros = dict.fromkeys(cam.labels, 0)
             if cam.published is None or cam.published == zeros:
                 return None
             cam.published, cam.published_at = zeros, now
             return zeros
+
+    def resume_counts(self, camera: str) -> None:
+        """The camera streams again: its frames' counts are due again."""
+        with self._lock:
+            cam = self._cameras.get(camera)
+            if cam is not None:
+                cam.idle = False
 
     def last_counts(self, camera: str) -> dict[str, int] | None:
         with self._lock:

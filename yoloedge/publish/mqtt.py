@@ -6,29 +6,47 @@ Design (the why behind the code below; docs/mqtt.md has the topics and payloads)
   cloud IoT brokers, the pure-Python amqtt used as a test fallback), and nothing here needs a
   v5 feature: we only publish, and the broker-side session would hold nothing for us.
 * Nothing touches the network before `start()`; `start()` never blocks: paho's network thread
-  (`connect_async` + `loop_start`) connects and keeps retrying with exponential back-off between
-  `reconnect_min_s` and `reconnect_max_s`, so a broker that is down at boot is not fatal.
+  (`connect_async` + `loop_start`) connects and keeps retrying, so a broker that is down at boot
+  is not fatal. The waits between attempts are the cameras' rule (backoff.py): from
+  `reconnect_min_s`, doubling up to `reconnect_max_s`, spread by RECONNECT_JITTER either way (a
+  fleet of devices behind one broker must not reconnect in step after it restarts), and back to
+  the start after a connection that lasted SHORT_LIVED_S. paho's own back-off has no jitter, so
+  each failure callback sets the next wait with `reconnect_delay_set(d, d)` (its public API)
+  before paho waits it.
 * Ordering and "never twice". While we are not connected, QoS >= 1 messages wait in our own
-  bounded outbox, never in paho. On every successful CONNACK (in `on_connect`, which paho calls
-  *before* it re-sends its own unacknowledged messages) we take paho's unacknowledged messages
-  back with `drop_out_messages()` and hand them, then the outbox, to paho again, in their
-  original order; only then are new messages let through. Each message is therefore in exactly
-  one place, and on the wire once per connection. (A message the broker received just before the
-  connection died but whose PUBACK we never saw goes out again: that is QoS 1's at-least-once,
-  the same thing paho's DUP re-send does.) Letting paho replay by itself would send a message
-  published between TCP connect and CONNACK, or during `on_connect`, ahead of older ones.
+  bounded outbox (or the spool), never in paho: they are the backlog. On every successful CONNACK
+  (in `on_connect`, which paho calls *before* it re-sends its own unacknowledged messages) we take
+  paho's unacknowledged messages back with `drop_out_messages()` to the front of the backlog.
+  Each message is therefore in exactly one place, and on the wire once per connection. (A message
+  the broker received just before the connection died but whose PUBACK we never saw goes out
+  again: that is QoS 1's at-least-once, the same thing paho's DUP re-send does.) Letting paho
+  replay by itself would send them ahead of older ones, and all at once.
+* Reconnect without a flood (publish/pacing.py). What users expect after an outage: the current
+  state at once, and the history without drowning the subscribers. So on a reconnect the status
+  and, for every retained topic (camera state, Home Assistant discovery and counts), only its
+  newest copy go out at once; older copies of a retained topic still waiting are skipped (the
+  broker would keep only the newest anyway), counted in `superseded`. The rest of the backlog
+  goes out in the order it was published, at most `drain_rate` messages a second (a token bucket
+  of one second's worth), handed over by the `mqtt-drain` thread. Messages published after the
+  reconnect go out at once, ahead of the backlog: a subscriber may get a new detection before
+  older ones from the outage (their `ts` and `frame` tell them apart), but never an old retained
+  state after a newer one. With `drain_rate` 0 the backlog goes as fast as the broker takes it;
+  during stop() without a spool too, since what is not sent by then is lost.
 * Bounded: messages in the outbox plus messages handed to paho and not yet acknowledged never
   exceed `queue_limit` messages nor `queue_limit_bytes` of payload (both counted under `_lock`);
-  past that, `publish()` returns False and the drop is counted and logged (rate-limited): the
-  newest message is the one dropped, so what is queued stays a gap-free prefix. Status messages
-  are exempt: they are few, and the daemon's last word.
+  past that, `publish()` returns False and the drop is counted and logged (rate-limited): while
+  disconnected the newest message is the one dropped, so what is queued stays a gap-free
+  prefix; while an in-memory backlog drains, the oldest waiting ones make room for a new one
+  (the newest data is worth more than the oldest, and new messages must not wait behind a paced
+  backlog). Status messages are exempt: they are few, and the daemon's last word.
   QoS 0 messages are never queued: while disconnected they are dropped (and counted).
 * Durable outbox (`spool_dir`, publish/spool.py): every QoS >= 1 message except the status is
   appended to the spool first and handed to paho from there; the spool is the outbox. One ordered
   log for everything (rather than spooling only what overflows memory, or only what is unsent at
   a stop) keeps order across outages, overflow and restarts without merging two queues, and
-  survives kill -9. A message goes straight to paho when it is the oldest not handed out and the
-  memory limits allow; otherwise the `mqtt-spool` thread hands records over as acknowledgements
+  survives kill -9. While connected a message goes straight to paho when the memory limits
+  allow (ahead of a spooled backlog, if one is draining: `SentAhead` remembers it, so the drain
+  skips it); otherwise the `mqtt-drain` thread hands records over in order as acknowledgements
   free room. After a lost connection the spool is rewound to the oldest unacknowledged record
   (acknowledged ones are skipped). Records are deleted once the broker acknowledged them all
   (QoS 1 PUBACK); the spool's byte limit drops the oldest segments, counted as dropped.
@@ -36,6 +54,11 @@ Design (the why behind the code below; docs/mqtt.md has the topics and payloads)
   (its keep-alive check), and a server that is not an MQTT broker (HTTP, a TLS port spoken to
   in clear) closes it or sends what paho rejects. paho reports all of these only as a disconnect
   without a connect, so `_on_disconnect` turns them into `last_error` and one warning per outage.
+* Nothing but acknowledgements comes in (publish/inbound.py): we subscribe to nothing, so a
+  PUBLISH from the broker, a packet type a broker never sends to a publisher, or a packet larger
+  than MAX_INBOUND_PACKET_BYTES drops the connection before its body is read (a hostile broker or
+  a man in the middle could otherwise make paho allocate 256 MB, or keep a flood of QoS 2
+  messages); `last_error` says why, and the client reconnects as after any lost connection.
 * A TLS connection to a port that does not speak TLS fails in the handshake (an SSL error or a
   reset): `last_error` then asks whether the port is a TLS port.
 * Flapping (CONNACK, then the connection drops, again and again): the first lost connection is a
@@ -59,18 +82,22 @@ Design (the why behind the code below; docs/mqtt.md has the topics and payloads)
   status: they are few, and rebuilt from the registry on every connect.
 
 Locks: `_send_lock` (re-entrant) serialises everything that hands messages to paho, including
-the replay in `on_connect`. `_lock` guards counters and queues; it is a leaf lock: it is never
-held while calling into paho, because paho holds its own locks while calling our callbacks.
-The Home Assistant registry's lock is a leaf lock too, taken with or without `_send_lock`.
+the replay in `on_connect` and the drain. `_lock` guards counters and queues (and the pacing
+state: the token bucket, SentAhead, the retained registry); it is a leaf lock: it is never held
+while calling into paho, because paho holds its own locks while calling our callbacks. The locks
+of the error book, the spool and the Home Assistant registry are leaves too, taken with or
+without `_send_lock` and `_lock`.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import functools
 import json
 import logging
+import random
 import ssl
 import sys
 import threading
@@ -81,11 +108,15 @@ from typing import Any, Callable, Sequence
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
+from ..backoff import Backoff
 from ..config.schema import MqttConfig
 from ..config.tls import client_context
+from ..health.errorbook import ErrorBook
 from ..sources.state import CameraState
 from ..timeutil import utc_timestamp
 from .homeassistant import DISCOVERY_QOS, Discovery, Message, Renderer
+from .inbound import GuardedClient, check_hook
+from .pacing import UNLIMITED, SentAhead, TokenBucket
 from .spool import Record, Spool
 from .topics import Topics
 
@@ -96,7 +127,7 @@ PROTOCOL = mqtt.MQTTv311
 STATUS_QOS = 1
 #: at most one "dropped messages" warning per this many seconds; the rest are summed into it.
 DROP_LOG_INTERVAL_S = 10.0
-#: a connection error that persists is logged as a warning again after this many seconds.
+#: an error of one kind that persists is logged as a warning again after this many seconds.
 ERROR_REPEAT_LOG_S = 300.0
 #: the longest part of a stop() timeout kept for the clean disconnect after waiting for delivery.
 DISCONNECT_RESERVE_S = 1.0
@@ -114,8 +145,27 @@ ACK_STALL_MIN_S = 30.0
 #: problem): typically another client with the same client id, which the broker lets take over.
 SHORT_LIVED_S = 10.0
 SHORT_LIVED_LIMIT = 3
+#: reconnect delays vary by this fraction either way (as cameras' do: sources/reader.py), so a
+#: fleet behind one broker does not reconnect in step; a connection that lasted SHORT_LIVED_S
+#: starts the delays over from reconnect_min_s.
+RECONNECT_JITTER = 0.2
 _MAX_TOPIC_BYTES = 65535
 _MAX_PAYLOAD_BYTES = 268435455
+
+
+class ErrorKind(enum.Enum):
+    """The kinds of error the log de-duplicates separately (health/errorbook.py), and what ends
+    each one."""
+
+    CONNECTION = "connection"  # cannot connect, refused, no CONNACK, lost: until a CONNACK
+    REFUSED = "refused"  # the inbound guard dropped a connection: until one lasts FLAP_WINDOW_S
+    UNSTABLE = "unstable"  # fresh connections closed again and again: the same
+    ACK_STALL = "ack_stall"  # connected, but nothing acknowledged: until an acknowledgement
+    SPOOL_WRITE = "spool_write"  # a message could not be appended: until one can
+    DRAIN = "drain"  # the drain thread failed (spool read, fsync, delete): until a round works
+    SPOOL_CLOSE = "spool_close"  # the final fsync at stop failed: holds (nothing follows)
+    SPOOL_LOST = "spool_lost"  # messages found unreadable in the spool: an event
+    INTERNAL = "internal"  # a bug caught in a callback or in stop(): an event
 
 
 def _json_default(obj: Any) -> Any:
@@ -174,9 +224,7 @@ def _callback(method: Callable[..., None]) -> Callable[..., None]:
         try:
             method(self, *args)
         except Exception as exc:  # noqa: BLE001 - logged with traceback and reported in stats
-            logger.exception("MQTT: internal error in %s", method.__name__)
-            with self._lock:
-                self._last_error = f"internal error in {method.__name__}: {exc!r}"
+            self._internal_error(f"internal error in {method.__name__}: {exc!r}")
 
     return wrapper
 
@@ -185,10 +233,12 @@ class MqttPublisher:
     """One MQTT connection for the whole daemon; thread-safe (any thread may publish)."""
 
     def __init__(self, config: MqttConfig, device_id: str, version: str,
-                 clock: Callable[[], float] = time.monotonic, discovery: Discovery | None = None):
+                 clock: Callable[[], float] = time.monotonic, discovery: Discovery | None = None,
+                 rng: random.Random | None = None):
         _check_config(config)
         self._config = config
-        self._clock = clock  # for rate-limited logs and the acknowledgement check, not deadlines
+        # for rate-limited logs, the acknowledgement check and the drain's pace, not deadlines:
+        self._clock = clock
         self._device_id = device_id
         self._version = version
         self.topics = Topics(config.topic_prefix, device_id)
@@ -213,9 +263,7 @@ class MqttPublisher:
         self._dropped = 0
         self._drops_unlogged = 0
         self._last_drop_log: float | None = None
-        self._last_error: str | None = None
-        self._error_logged: str | None = None  # last error warned about since the last connect
-        self._error_logged_at = 0.0
+        self._errors = ErrorBook(ERROR_REPEAT_LOG_S, clock)  # last_error; one warning per kind
         self._lost_logged_at: float | None = None  # when a lost connection was last warned about
         self._flaps = 0  # lost connections since then, not yet reported
         self._flap_reason = ""
@@ -226,7 +274,15 @@ class MqttPublisher:
         self._last_ack_at = 0.0
         self._pending_since: dict[int, float] = {}  # mid -> when it was handed to paho
         self._ack_stall: str | None = None  # the last_error that reports missing acks
-        self._spool_error_logged: str | None = None
+        self._retained: dict[str, _Outgoing] = {}  # newest retained message per topic (not status)
+        self._retained_acked: set[str] = set()  # topics whose newest copy the broker acknowledged
+        self._sent_ahead = SentAhead()  # spool records handed over before the drain reached them
+        self._pacer = TokenBucket(config.drain_rate, max(1.0, config.drain_rate), clock)
+        self._drained = 0  # backlog messages handed over by the drain
+        self._superseded = 0  # retained copies skipped: a newer one on the topic went out
+        self._backoff = Backoff(config.reconnect_min_s, config.reconnect_max_s,
+                                reset_after_s=SHORT_LIVED_S, jitter=RECONNECT_JITTER, rng=rng)
+        self._reconnect_delay: float | None = None  # the wait before the current attempt
         self._status: str | None = None
         self._stop_requested = False
         self._closed = False
@@ -234,7 +290,7 @@ class MqttPublisher:
         if config.spool_dir is not None:
             self._spool = Spool(config.spool_dir, config.spool_limit_bytes,
                                 fsync_interval_s=SPOOL_SYNC_INTERVAL_S)
-        self._spool_thread: threading.Thread | None = None
+        self._drain_thread: threading.Thread | None = None
         self._spool_dropped = 0  # spool drops already counted in _dropped
         self._spool_unreadable = 0  # unreadable spool records already counted in _dropped
         #: Home Assistant discovery. The registry is the daemon's, shared by successive clients
@@ -253,6 +309,9 @@ class MqttPublisher:
                 raise RuntimeError("MqttPublisher.start() may be called once, before stop()")
             self._client = self._make_client()
             self._open_spool()
+            self._drain_thread = threading.Thread(target=self._drain_loop, name="mqtt-drain",
+                                                  daemon=True)
+            self._drain_thread.start()
         cfg = self._config
         logger.info("MQTT: connecting to %s as %r (user=%s, password=%s, tls=%s, qos=%d, "
                     "queue_limit=%d, queue_limit_bytes=%d, spool=%s)", self.broker, self.client_id,
@@ -262,7 +321,7 @@ class MqttPublisher:
         self._client.loop_start()
 
     def _open_spool(self) -> None:
-        """Recover the spool and start its thread. A spool that cannot be opened (the disk
+        """Recover the spool. A spool that cannot be opened (the disk
         failed since the config was checked) must not keep the daemon from publishing: the
         publisher goes on with the in-memory outbox and says so. Caller holds _send_lock."""
         spool = self._spool
@@ -272,7 +331,8 @@ class MqttPublisher:
             recovered = spool.open()
         except OSError as exc:
             self._spool = None
-            self._record_error(f"cannot open the spool {spool.directory}: {exc}; messages are "
+            self._record_error(ErrorKind.SPOOL_WRITE,
+                               f"cannot open the spool {spool.directory}: {exc}; messages are "
                                f"kept in memory only")
             return
         if recovered or spool.discarded_bytes:
@@ -281,21 +341,20 @@ class MqttPublisher:
                        spool.directory, recovered,
                        f"; {spool.discarded_bytes} byte(s) of torn or corrupt records moved aside"
                        if spool.discarded_bytes else "")
-        self._spool_thread = threading.Thread(target=self._spool_loop, args=(spool,),
-                                              name="mqtt-spool", daemon=True)
-        self._spool_thread.start()
 
     def _make_client(self) -> mqtt.Client:
         """Build the paho client: credentials, TLS, Last Will, back-off and our callbacks."""
         cfg = self._config
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
-                             clean_session=True, protocol=PROTOCOL)
+        check_hook()
+        client = GuardedClient(CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                               clean_session=True, protocol=PROTOCOL)
         if cfg.username is not None:
             client.username_pw_set(cfg.username, cfg.password)
         if cfg.tls is not None:
             client.tls_set_context(client_context(cfg.tls))  # the context `yoloedge check` loaded
         client.will_set(self.topics.status, self._status_payload("offline"), qos=STATUS_QOS,
                         retain=True)
+        # the first wait; each failure sets the next one (_schedule_reconnect)
         client.reconnect_delay_set(cfg.reconnect_min_s, cfg.reconnect_max_s)  # type: ignore[arg-type]
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
@@ -312,9 +371,7 @@ class MqttPublisher:
         try:
             self._stop(timeout_s, final_status)
         except Exception as exc:  # noqa: BLE001 - logged with traceback and reported in stats
-            logger.exception("MQTT: stopping the client failed")
-            with self._lock:
-                self._last_error = f"stopping the client failed: {exc}"
+            self._internal_error(f"stopping the client failed: {exc}")
 
     def _stop(self, timeout_s: float, final_status: str | None) -> None:
         with self._send_lock:
@@ -324,6 +381,8 @@ class MqttPublisher:
         deadline = time.monotonic() + max(0.0, timeout_s)
         if final_status is not None:
             self.set_status(final_status)
+        with self._lock:
+            self._lock.notify_all()  # without a spool the drain goes unpaced now
         if self._client is None:
             with self._send_lock:
                 self._closed = True
@@ -332,21 +391,22 @@ class MqttPublisher:
         with self._send_lock:
             self._closed = True
         self._shutdown_client(self._client, deadline)
-        self._close_spool(deadline)
+        self._close_drain(deadline)
         self._log_stop_summary()
 
-    def _close_spool(self, deadline: float) -> None:
-        """Stop the spool thread (it sees _closed) and fsync what is left for the next start."""
+    def _close_drain(self, deadline: float) -> None:
+        """Stop the drain thread (it sees _closed) and fsync what is left for the next start."""
         with self._lock:
             self._lock.notify_all()
-        if self._spool_thread is not None:
-            self._spool_thread.join(max(0.0, deadline - time.monotonic()))
+        if self._drain_thread is not None:
+            self._drain_thread.join(max(0.0, deadline - time.monotonic()))
         spool = self._spool
         if spool is not None:
             try:
                 spool.close()  # releases its files and directory lock even when this raises
             except OSError as exc:
-                self._record_error(f"closing the spool {spool.directory} failed: {exc}; the "
+                self._record_error(ErrorKind.SPOOL_CLOSE,
+                                   f"closing the spool {spool.directory} failed: {exc}; the "
                                    f"messages spooled last may not survive a power cut")
 
     def _wait_drained(self, deadline: float) -> bool:
@@ -395,7 +455,8 @@ class MqttPublisher:
         logger.info("MQTT: stopped (%s)", self.stats())
 
     def wait_connected(self, timeout_s: float) -> bool:
-        """True once connected (and the backlog handed over), False after `timeout_s`."""
+        """True once connected (the status and retained state handed over; the backlog follows
+        at the drain's pace), False after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while not self._ready:
@@ -423,7 +484,9 @@ class MqttPublisher:
     def publish_camera_state(self, camera: str, state: dict) -> bool:
         """Retained state of `camera`, so a new subscriber sees it at once."""
         published = self.publish(self.topics.camera_state(camera), state, retain=True)
-        if self._ha is not None and state.get("state") != str(CameraState.STREAMING):
+        if state.get("state") == str(CameraState.STREAMING):
+            self._discovery.resume_counts(camera)
+        elif self._ha is not None:
             zeros = self._ha.discovery.clear_counts(camera, self._clock())  # nothing in view now
             if zeros is not None:
                 self._publish_discovery([self._ha.objects(camera, zeros)])
@@ -471,11 +534,11 @@ class MqttPublisher:
             for m in messages:
                 self._submit(_Outgoing(m.topic, m.payload, DISCOVERY_QOS, True), bypass_limit=True)
 
-    def _announce_all(self) -> None:
-        """Every discovery config and the last counts, after a (re)connect. Caller holds
-        _send_lock, after the replay."""
-        if self._ha is not None:
-            self._publish_discovery(self._ha.everything())
+    def _announce_all(self, messages: list[Message]) -> None:
+        """Every discovery config and the last counts (`Renderer.everything()`), after a
+        (re)connect. Caller holds _send_lock, after the replay."""
+        if messages:
+            self._publish_discovery(messages)
 
     def publish_stats(self, stats: dict) -> bool:
         """Periodic device counters."""
@@ -503,13 +566,21 @@ class MqttPublisher:
             if self._closed:
                 self._note_drop("the publisher is stopped")
                 return False
-            if msg.qos > 0 and not bypass_limit and self._spool_thread is not None:
+            if (msg.qos > 0 and not bypass_limit and self._spool is not None
+                    and self._drain_thread is not None):
                 if self._spool_submit(msg):
                     return True
+            limited = msg.qos > 0 and not bypass_limit
             with self._lock:
                 ready = self._ready
+                made_room = self._make_room_locked(len(msg.payload)) if ready and limited else 0
                 full = self._full_reason_locked(len(msg.payload))
-            if full is not None and msg.qos > 0 and not bypass_limit:
+                if (full is None or not limited) and (ready or msg.qos > 0):
+                    self._note_retained_locked(msg)
+            if made_room:
+                self._note_drop("queue full while the backlog drains: the oldest waiting "
+                                "message(s) made room for a new one", count=made_room)
+            if full is not None and limited:
                 self._note_drop(full)
                 return False
             if not ready:
@@ -519,6 +590,43 @@ class MqttPublisher:
             with self._lock:
                 self._published += 1
             return True
+
+    def _make_room_locked(self, size: int) -> int:
+        """While connected, a new message that does not fit takes the place of the oldest ones
+        waiting in the outbox (see "Bounded" in the module docstring); returns how many were
+        dropped. Caller holds _send_lock and _lock."""
+        dropped = 0
+        if size > self._config.queue_limit_bytes:
+            return 0  # it would not fit in an empty queue either
+        while self._outbox and self._full_reason_locked(size) is not None:
+            old = self._outbox.popleft()
+            self._queued_bytes -= len(old.payload)
+            dropped += 1
+        return dropped
+
+    def _note_retained_locked(self, msg: _Outgoing) -> None:
+        """Remember the newest retained message of each topic: older copies still waiting are
+        skipped, and at a reconnect this one goes out at once (see the module docstring). The
+        status is not among them: it is re-published from `_status` instead."""
+        if msg.retain and msg.topic != self.topics.status:
+            self._retained[msg.topic] = msg
+            self._retained_acked.discard(msg.topic)
+
+    def _is_newest_locked(self, msg: _Outgoing) -> bool:
+        """`msg` is the newest retained message of its topic (the same object in memory, or the
+        same spool record)."""
+        newest = self._retained.get(msg.topic)
+        return newest is not None and (newest is msg or (newest.seq is not None
+                                                         and newest.seq == msg.seq))
+
+    def _superseded_locked(self, topic: str, retain: bool, seq: int | None,
+                           msg: _Outgoing | None = None) -> bool:
+        """A retained message waiting in the backlog that a newer one on its topic replaced."""
+        if not retain or topic not in self._retained:
+            return False
+        if msg is not None:
+            return not self._is_newest_locked(msg)
+        return self._retained[topic].seq != seq
 
     def _full_reason_locked(self, size: int) -> str | None:
         """Why one more message of `size` payload bytes does not fit in memory, or None."""
@@ -543,28 +651,36 @@ class MqttPublisher:
         return True
 
     def _spool_submit(self, msg: _Outgoing) -> bool:
-        """Append to the spool, and hand over at once when nothing older waits and memory allows;
-        else the spool thread hands it over later. False (caller falls back to memory) when the
-        spool cannot be written. Caller holds _send_lock."""
+        """Append to the spool, and while connected hand over at once when memory allows (ahead
+        of an older backlog, if one drains); else the drain thread hands it over later, in
+        order. False (caller falls back to memory) when the spool cannot be written. Caller holds
+        _send_lock."""
         spool = self._spool
         if spool is None:
             return False
         try:
             seq = spool.append(Record(msg.topic, bytes(msg.payload), msg.qos, msg.retain))
         except OSError as exc:
-            self._record_error(f"cannot write to the spool {spool.directory}: {exc}; "
+            self._record_error(ErrorKind.SPOOL_WRITE,
+                               f"cannot write to the spool {spool.directory}: {exc}; "
                                f"messages are kept in memory meanwhile")
             return False
+        if self._errors.resolve(ErrorKind.SPOOL_WRITE):
+            logger.info("MQTT: the spool %s takes messages again", spool.directory)
         msg = dataclasses.replace(msg, seq=seq)
         with self._lock:
             self._published += 1
+            self._note_retained_locked(msg)
             direct = self._ready and self._full_reason_locked(len(msg.payload)) is None
         self._count_spool_drops(spool)
-        if direct and spool.take(seq):
+        if direct:
+            if not spool.take(seq):  # an older backlog is draining: this one goes ahead of it
+                with self._lock:
+                    self._sent_ahead.add(seq)
             self._send(msg)
         else:
             with self._lock:
-                self._lock.notify_all()  # the spool thread hands it over when it can
+                self._lock.notify_all()  # the drain thread hands it over when it can
         return True
 
     def _count_spool_drops(self, spool: Spool) -> None:
@@ -576,9 +692,10 @@ class MqttPublisher:
             self._note_drop(f"spool full ({self._config.spool_limit_bytes} bytes); its oldest "
                             f"messages were deleted", count=new)
         if lost:
-            self._record_error(f"spool {spool.directory}: {lost} message(s) could not be read "
+            self._record_error(ErrorKind.SPOOL_LOST,
+                               f"spool {spool.directory}: {lost} message(s) could not be read "
                                f"back (its files were deleted, truncated or unreadable) and are "
-                               f"dropped; the spool goes on")
+                               f"dropped; the spool goes on", active=False)
             self._note_drop("unreadable in the spool", count=lost)
 
     def _send(self, msg: _Outgoing, from_outbox: bool = False) -> bool:
@@ -615,6 +732,8 @@ class MqttPublisher:
                 self._queued_bytes += len(msg.payload)
             if done and msg.seq is not None and self._spool is not None:
                 self._spool.ack(msg.seq)  # acknowledged already, or refused (counted as dropped)
+            if done and accepted and msg.retain and self._is_newest_locked(msg):
+                self._retained_acked.add(msg.topic)
             self._early_acks.clear()
             self._lock.notify_all()
         if not accepted:
@@ -651,6 +770,12 @@ class MqttPublisher:
         unspooled = sum(1 for m in self._pending.values() if m.seq is None)
         return len(self._outbox) + unspooled + self._spool.unacked
 
+    def _backlog_locked(self) -> int:
+        """Messages waiting to be handed to the broker: queued, less those in flight while
+        connected (caller holds _lock)."""
+        queued = self._queued_locked()
+        return max(0, queued - len(self._pending)) if self._connected else queued
+
     def ack_stall_s(self) -> float:
         """How long sent messages may wait for their first acknowledgement: a broker is slow to
         acknowledge under load, but not for two keep-alive intervals."""
@@ -668,12 +793,13 @@ class MqttPublisher:
             if waited < self.ack_stall_s():
                 return
             waiting, first = len(self._pending_since), self._ack_stall is None
-            self._ack_stall = (f"the broker {self.broker} has not acknowledged {waiting} "
-                               f"message(s) for {waited:.0f} s; it is connected but may be "
-                               f"overloaded or broken")
-            self._last_error = self._ack_stall
+            self._ack_stall = stall = (f"the broker {self.broker} has not acknowledged {waiting} "
+                                       f"message(s) for {waited:.0f} s; it is connected but may "
+                                       f"be overloaded or broken")
         if first:
-            logger.warning("MQTT: %s", self._ack_stall)
+            self._record_error(ErrorKind.ACK_STALL, stall)
+        else:  # the same stall, older: said when it began
+            self._errors.update(ErrorKind.ACK_STALL, stall)
 
     def stats(self) -> dict:
         """Counters for the daemon's status: queued = waiting or not yet acknowledged (in memory
@@ -691,7 +817,12 @@ class MqttPublisher:
                 "dropped": self._dropped,
                 "published": self._published,
                 "reconnects": self._reconnects,
-                "last_error": self._last_error,
+                "reconnect_delay_s": None if self._connected else self._reconnect_delay,
+                "backlog": self._backlog_locked(),
+                "drained": self._drained,
+                "superseded": self._superseded,
+                "drain_rate": self._config.drain_rate,
+                **self._errors.status(),
                 "ack_stalled": self._ack_stall is not None,
                 "unstable": self._unstable is not None,
                 "broker": self.broker,
@@ -702,41 +833,54 @@ class MqttPublisher:
     @_callback
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
                     properties: Any) -> None:
-        """CONNACK: on success replay what is waiting, in order, before letting new messages
-        through (see the module docstring); on refusal report the broker's reason."""
+        """CONNACK: on success send the state at once and let the backlog follow at its pace
+        (see the module docstring); on refusal report the broker's reason."""
         with self._lock:
             self._connack_seen = True
         if reason_code.is_failure:
-            self._record_error(f"connection refused by {self.broker}: {reason_code} "
+            self._record_error(ErrorKind.CONNECTION,
+                               f"connection refused by {self.broker}: {reason_code} "
                                f"(reason code {reason_code.value}); retrying")
             return
+        announce = self._ha.everything() if self._ha is not None else []
         with self._send_lock:
             with self._lock:
                 self._connected = True
-                self._error_logged = None  # the next problem is news again
+                self._errors.resolve(ErrorKind.CONNECTION)  # the next problem is news again
                 if self._connects:
                     self._reconnects += 1
                 self._connects += 1
                 self._connected_at = self._clock()
-            replayed = self._replay(client)
+            state = self._replay(client, {m.topic for m in announce})
             with self._lock:
                 self._ready = True
                 self._last_ack_at = self._clock()  # acknowledgements are awaited from now on
                 quiet, self._connect_quiet = self._connect_quiet, False
-                self._lock.notify_all()  # the spool thread, if any, hands over its backlog
-            self._announce_all()
-        # "resending": handed to paho again, not yet acknowledged by the broker
+                waiting = self._backlog_locked()
+                self._lock.notify_all()  # the drain thread hands over the backlog
+            self._announce_all(announce)
         logger.log(logging.DEBUG if quiet else logging.INFO, "MQTT: connected to %s%s",
-                   self.broker, f", resending {replayed} waiting message(s)" if replayed else "")
+                   self.broker, self._connect_summary(state, waiting))
 
-    def _replay(self, client: mqtt.Client) -> int:
-        """Hand paho's unacknowledged messages, then the outbox, back to paho in order, with the
-        current status first unless one is among them. Caller holds _send_lock.
+    def _connect_summary(self, state: int, waiting: int) -> str:
+        """What a connect line says about the messages that waited for it."""
+        if not waiting:
+            return f", sent {state} retained message(s) of state" if state > 1 else ""
+        pace = (f"at up to {self._config.drain_rate:g} a second" if not self._pacer.unlimited
+                else "as fast as the broker takes them")
+        return (f", sent {state} retained message(s) of state; {waiting} waiting message(s) "
+                f"follow {pace}")
+
+    def _replay(self, client: mqtt.Client, fresh_topics: set[str]) -> int:
+        """Take paho's unacknowledged messages back to the front of the backlog, then hand over
+        at once the current status and the newest waiting copy of every retained topic, and
+        skip the older ones (and those of `fresh_topics`, which the caller publishes anew).
+        Returns how many went out. Caller holds _send_lock.
 
         The unacknowledged messages are moved to the front of the outbox in one step, so stats()
         and stop() never see them missing, and their old mids cannot be confused with new ones.
-        Spooled ones are not: the spool is rewound to the oldest of them instead, and the spool
-        thread sends them again from there, before anything the spool got later.
+        Spooled ones are not: the spool is rewound to the oldest of them instead, and the drain
+        sends them again from there, before anything the spool got later.
         """
         unacked = client.drop_out_messages()
         rewind_to: int | None = None
@@ -750,30 +894,59 @@ class MqttPublisher:
                 if sent is not None and sent.seq is not None:
                     rewind_to = sent.seq if rewind_to is None else min(rewind_to, sent.seq)
                 else:
-                    back.append(_Outgoing(m.topic, m.payload, m.qos, m.retain))
+                    back.append(sent or _Outgoing(m.topic, m.payload, m.qos, m.retain))
             self._outbox.extendleft(reversed(back))
             self._queued_bytes += sum(len(m.payload) for m in back)
-            has_status = any(m.topic == self.topics.status for m in self._outbox)
-            if self._status is not None and not has_status and not self._closed:
-                status = self._status_message(self._status)
-                self._outbox.appendleft(status)
-                self._queued_bytes += len(status.payload)
+            self._sent_ahead.clear()  # what went ahead and is not acknowledged goes again
+            state = self._state_to_send_locked(fresh_topics)
+            if self._status is not None and not self._closed:
+                state.insert(0, self._status_message(self._status))
                 self._published += 1
-            count = len(self._outbox)
         if rewind_to is not None and self._spool is not None:
             self._spool.rewind(rewind_to)
-        for _ in range(count):
-            with self._lock:
-                msg = self._outbox[0]
-            self._send(msg, from_outbox=True)
-        return count
+        for msg in state:
+            self._send(msg)
+        return len(state)
+
+    def _state_to_send_locked(self, fresh_topics: set[str]) -> list[_Outgoing]:
+        """Take the status and every retained message out of the outbox: the newest copy of each
+        topic is returned, to go out at once; older ones (and the status, re-published from
+        `_status`) are skipped, counted in `superseded`. The newest copy of a topic that waits
+        in the spool is returned too, and noted as sent ahead. Caller holds _send_lock and
+        _lock."""
+        state: list[_Outgoing] = []
+        kept: collections.deque[_Outgoing] = collections.deque()
+        for msg in self._outbox:
+            if msg.topic == self.topics.status or msg.retain:
+                self._queued_bytes -= len(msg.payload)
+                if (msg.topic != self.topics.status and self._is_newest_locked(msg)
+                        and msg.topic not in fresh_topics):
+                    state.append(msg)
+                else:
+                    self._superseded += 1
+            else:
+                kept.append(msg)
+        self._outbox = kept
+        for topic, newest in self._retained.items():
+            if (newest.seq is not None and topic not in self._retained_acked
+                    and topic not in fresh_topics):
+                state.append(newest)
+                self._sent_ahead.add(newest.seq)
+        return state
 
     @_callback
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
         """A (re)connect attempt failed before any CONNACK: unreachable, refused, TLS error.
         paho calls this inside its `except OSError`, so the exception is still at hand."""
         exc = sys.exc_info()[1]
-        self._record_error(f"cannot connect to {self.broker}: {exc!r}{self._tls_hint(exc)}; "
+        with self._lock:
+            closing = self._closed
+        if closing:  # an attempt that was under way when stop() began: no news
+            logger.debug("MQTT: connection attempt during stop failed: %r", exc)
+            return
+        self._schedule_reconnect(client, None)
+        self._record_error(ErrorKind.CONNECTION,
+                           f"cannot connect to {self.broker}: {exc!r}{self._tls_hint(exc)}; "
                            f"retrying")
 
     def _tls_hint(self, exc: BaseException | None) -> str:
@@ -791,7 +964,9 @@ class MqttPublisher:
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
                        properties: Any) -> None:
         """Connection gone: new messages go to the outbox until the next CONNACK. Gone before
-        any CONNACK is the "not an MQTT broker" class (see the module docstring)."""
+        any CONNACK is the "not an MQTT broker" class (see the module docstring); dropped by the
+        inbound guard, its reason (publish/inbound.py)."""
+        refusal = client.take_refusal() if isinstance(client, GuardedClient) else None
         with self._lock:
             was_connected = self._connected
             connack_seen, self._connack_seen = self._connack_seen, False
@@ -799,13 +974,31 @@ class MqttPublisher:
             self._ready = False
             self._ack_stall = None  # "not connected" is the problem now
             closing = self._closed
+            lasted = (self._clock() - self._connected_at
+                      if was_connected and self._connected_at is not None else None)
+            self._errors.resolve(ErrorKind.ACK_STALL)
             self._lock.notify_all()
         if closing:
             logger.debug("MQTT: disconnected from %s (%s)", self.broker, reason_code)
+            return
+        self._schedule_reconnect(client, lasted)
+        if refusal is not None:
+            self._record_error(ErrorKind.REFUSED,
+                               f"broker {self.broker} {refusal}; disconnected, reconnecting")
         elif was_connected:
             self._connection_lost(str(reason_code))
         elif not connack_seen:  # a refusal (a CONNACK) was reported by _on_connect already
-            self._record_error(self._no_connack_error(str(reason_code)))
+            self._record_error(ErrorKind.CONNECTION, self._no_connack_error(str(reason_code)))
+
+    def _schedule_reconnect(self, client: mqtt.Client, lasted: float | None) -> None:
+        """Set paho's wait before its next attempt from the shared back-off rule, with jitter
+        (see the module docstring); `lasted`: how long the connection that just ended had been
+        up, None when there was none. paho calls the failure callbacks before it waits."""
+        with self._lock:
+            delay = self._backoff.next_delay(lasted)
+            self._reconnect_delay = delay
+        client.reconnect_delay_set(delay, delay)  # type: ignore[arg-type]
+        logger.debug("MQTT: next connection attempt to %s in %.2f s", self.broker, delay)
 
     def _connection_lost(self, reason: str) -> None:
         """Warn about the first lost connection; within FLAP_WINDOW_S after that, count the
@@ -813,57 +1006,53 @@ class MqttPublisher:
         message = f"connection to {self.broker} lost: {reason}; reconnecting"
         now = self._clock()
         summary = None
-        unstable = self._note_short_lived(now)
         with self._lock:
-            self._last_error = unstable or message
             quiet = (self._lost_logged_at is not None
                      and now - self._lost_logged_at < FLAP_WINDOW_S)
             if quiet:
                 self._flaps += 1
                 self._flap_reason = reason
                 self._connect_quiet = True
+            else:
+                if self._flaps and self._lost_logged_at is not None:
+                    summary = (f"reconnected {self._flaps} time(s) in the last "
+                               f"{now - self._lost_logged_at:.0f} s; last reason: {self._flap_reason}")
+                self._lost_logged_at, self._flaps = now, 0
+        self._errors.update(ErrorKind.CONNECTION, message, warned=not quiet)
+        self._note_short_lived(now)  # after: "unstable", when it is, is the latest error
         if quiet:
             logger.debug("MQTT: %s", message)
-            return
-        with self._lock:
-            if self._flaps and self._lost_logged_at is not None:
-                summary = (f"reconnected {self._flaps} time(s) in the last "
-                           f"{now - self._lost_logged_at:.0f} s; last reason: {self._flap_reason}")
-            self._lost_logged_at, self._flaps = now, 0
-            self._error_logged, self._error_logged_at = message, now
-        if summary is not None:
+        elif summary is not None:
             logger.warning("MQTT: connection to %s is unstable: %s; lost again: %s", self.broker,
                            summary, reason)
         else:
             logger.warning("MQTT: %s", message)
 
-    def _note_short_lived(self, now: float) -> str | None:
-        """The "unstable" report when the broker keeps closing connections it just accepted; the
-        first report is logged. Cleared by `_check_stable` once a connection lasts."""
+    def _note_short_lived(self, now: float) -> None:
+        """Report "unstable" when the broker keeps closing connections it just accepted. Ended by
+        `_check_stable` once a connection lasts."""
         with self._lock:
             if self._connected_at is None or now - self._connected_at > SHORT_LIVED_S:
-                return None
+                return
             self._short_lived = [t for t in self._short_lived if now - t <= FLAP_WINDOW_S] + [now]
             if len(self._short_lived) < SHORT_LIVED_LIMIT:
-                return None
-            first = self._unstable is None
-            self._unstable = (f"the broker {self.broker} closed the connection {len(self._short_lived)} "
-                              f"times within {SHORT_LIVED_S:g} s of accepting it: is another client "
-                              f"connected with client id {self.client_id!r} (two daemons with the same "
-                              f"device_id)?")
-            unstable = self._unstable
-        if first:
-            logger.warning("MQTT: %s", unstable)
-        return unstable
+                return
+            self._unstable = unstable = (
+                f"the broker {self.broker} closed the connection {len(self._short_lived)} times "
+                f"within {SHORT_LIVED_S:g} s of accepting it: is another client connected with "
+                f"client id {self.client_id!r} (two daemons with the same device_id)?")
+        self._record_error(ErrorKind.UNSTABLE, unstable)
 
     def _check_stable(self) -> None:
-        """A connection that lasted FLAP_WINDOW_S ends the "unstable" report."""
+        """A connection that lasted FLAP_WINDOW_S ends the "unstable" report, and a refusal by
+        the inbound guard: that broker behaves now."""
         with self._lock:
-            if (self._unstable is not None and self._connected and self._connected_at is not None
+            if not (self._connected and self._connected_at is not None
                     and self._clock() - self._connected_at > FLAP_WINDOW_S):
-                self._unstable, self._short_lived = None, []
-                if self._last_error and self._last_error.startswith(f"the broker {self.broker} closed"):
-                    self._last_error = None
+                return
+            self._unstable, self._short_lived = None, []
+        self._errors.resolve(ErrorKind.UNSTABLE)
+        self._errors.resolve(ErrorKind.REFUSED)
 
     def _no_connack_error(self, reason: str) -> str:
         """The message is the same on every retry, so _record_error warns once per outage."""
@@ -885,87 +1074,169 @@ class MqttPublisher:
             self._pending_since.pop(mid, None)
             self._last_ack_at = self._clock()
             resumed, self._ack_stall = self._ack_stall, None
-            if resumed is not None and self._last_error == resumed:
-                self._last_error = None
             if sent is not None:
                 self._queued_bytes -= len(sent.payload)
                 if sent.seq is not None and self._spool is not None:
                     self._spool.ack(sent.seq)  # before notify: stop() waits for the spool too
+                if sent.retain and self._is_newest_locked(sent):
+                    self._retained_acked.add(sent.topic)
             elif self._in_publish_call:
                 self._early_acks.add(mid)
             self._delivered += 1
             self._lock.notify_all()
         if resumed is not None:
+            self._errors.resolve(ErrorKind.ACK_STALL)
             logger.info("MQTT: %s acknowledges messages again", self.broker)
 
-    # ------------------------------------------------------------------ spool thread
+    # ------------------------------------------------------------------ drain thread
 
-    def _spool_loop(self, spool: Spool) -> None:
-        """Hand the spool's backlog to paho as room frees up, and sync the spool about once a
-        second, until stop(). An error is reported, never the end of the thread: a thread that
-        died would leave every later message on disk only. A drain that sent nothing waits like
-        an idle one: records the spool counts but cannot read back (a file damaged on disk)
-        would otherwise make it spin at full CPU."""
+    def _drain_loop(self) -> None:
+        """Hand the backlog to paho at the drain's pace as room frees up, and sync the spool
+        about once a second, until stop(). An error is reported, never the end of the thread: a
+        thread that died would leave every later message on disk only. A drain that took nothing
+        waits like an idle one: records the spool counts but cannot read back (a file damaged on
+        disk) would otherwise make it spin at full CPU."""
+        spool = self._spool
         progress = True
         while True:
             with self._lock:
                 if self._closed:
                     return
-                if not (progress and self._ready and spool.has_unsent
-                        and self._full_reason_locked(0) is None):
-                    self._lock.wait(SPOOL_SYNC_INTERVAL_S)  # woken by connect, ack, append, stop
+                wait = self._drain_wait_locked(progress)
+                if wait > 0:
+                    self._lock.wait(wait)  # woken by connect, ack, append, stop
             progress = False
             try:
-                progress = self._drain_spool(spool) > 0
-                spool.sync()
-                self._spool_error_logged = None
+                progress = self._drain() > 0
+                if spool is not None:
+                    spool.sync()
+                if self._errors.resolve(ErrorKind.DRAIN):
+                    logger.info("MQTT: the backlog is handed over again%s",
+                                f" (spool {spool.directory})" if spool is not None else "")
             except Exception as exc:  # noqa: BLE001 - logged with traceback and reported in stats
-                self._spool_failed(spool, exc)
+                self._drain_failed(exc)
                 time.sleep(SPOOL_SYNC_INTERVAL_S)
-            self._count_spool_drops(spool)
+            if spool is not None:
+                self._count_spool_drops(spool)
 
-    def _spool_failed(self, spool: Spool, exc: Exception) -> None:
-        """Report a failure of the spool thread: with its traceback the first time, then (the
-        same failure every second, a disk that stays broken) only in stats and at debug level."""
-        message = f"spool {spool.directory}: {exc}"
-        with self._lock:
-            self._last_error = message
-            repeated, self._spool_error_logged = self._spool_error_logged == message, message
-        if repeated:
+    def _drain_wait_locked(self, progress: bool) -> float:
+        """How long the drain thread waits before its next round (caller holds _lock): the
+        spool's sync interval when there is nothing to do (or the last round took nothing),
+        else until the pace allows its next step."""
+        if not (progress and self._ready and self._backlog_due_locked()):
+            return SPOOL_SYNC_INTERVAL_S
+        if self._unpaced_locked():
+            return 0.0
+        return min(SPOOL_SYNC_INTERVAL_S, self._pacer.wait_s(self._pacer.step()))
+
+    def _backlog_due_locked(self) -> bool:
+        """Something waits that the drain could hand over now (caller holds _lock)."""
+        if self._outbox:
+            return True
+        spool = self._spool
+        return spool is not None and spool.has_unsent and self._full_reason_locked(0) is None
+
+    def _unpaced_locked(self) -> bool:
+        """No pace: `drain_rate` 0, or stopping without a spool (what is not sent is lost)."""
+        return self._pacer.unlimited or (self._stop_requested and self._spool is None)
+
+    def _drain_failed(self, exc: Exception) -> None:
+        """Report a failure of the drain thread: a warning (with its traceback unless it is the
+        disk's or the directory's fault) the first time, then (a disk that stays broken fails
+        every second) at debug level and in one warning per ERROR_REPEAT_LOG_S."""
+        spool = self._spool
+        message = (f"spool {spool.directory}: {exc}" if spool is not None
+                   else f"handing the backlog over failed: {exc!r}")
+        warn = self._errors.report(ErrorKind.DRAIN, message)
+        if warn is None:
             logger.debug("MQTT: %s", message)
-        elif isinstance(exc, OSError):  # the disk or the directory, not a bug: no traceback
-            logger.warning("MQTT: %s", message)
         else:
-            logger.exception("MQTT: %s", message)
+            logger.warning("MQTT: %s%s", message, warn.suffix(),
+                           exc_info=None if isinstance(exc, OSError) else exc)
 
-    def _drain_spool(self, spool: Spool) -> int:
-        """Send what the spool holds beyond its cursor, within the in-memory limits; returns
-        how many records were handed to paho."""
+    def _drain(self) -> int:
+        """One round: as many backlog messages as the pace allows, the outbox first, then the
+        spool. Returns how many were taken from the backlog (handed over or skipped)."""
         with self._send_lock:
             with self._lock:
                 if not self._ready or self._closed:
                     return 0
-                room = self._config.queue_limit - len(self._outbox) - len(self._pending)
-                room_bytes = self._config.queue_limit_bytes - self._queued_bytes
-            if room <= 0 or room_bytes <= 0:
+                budget = UNLIMITED if self._unpaced_locked() else self._pacer.available()
+            if budget <= 0:
                 return 0
-            records = spool.read(room, room_bytes)
-            for seq, rec in records:
-                self._send(_Outgoing(rec.topic, rec.payload, rec.qos, rec.retain, seq))
-            return len(records)
+            taken, sent = self._drain_outbox(budget)
+            spool = self._spool
+            if spool is not None and sent < budget:
+                more_taken, more_sent = self._drain_spool(spool, budget - sent)
+                taken, sent = taken + more_taken, sent + more_sent
+            with self._lock:
+                self._pacer.take(sent)
+                self._drained += sent
+            return taken
 
-    def _record_error(self, message: str) -> None:
-        """Keep the error for stats(); warn when it is new since the last successful connect,
-        and again every ERROR_REPEAT_LOG_S while it persists, so a long outage stays visible
-        without a warning per retry."""
-        now = self._clock()
+    def _drain_outbox(self, budget: int) -> tuple[int, int]:
+        """Up to `budget` messages from the front of the outbox, in order; retained copies a
+        newer one replaced are skipped. Returns (taken, handed over). Caller holds _send_lock."""
+        taken = sent = 0
+        while sent < budget:
+            with self._lock:
+                if not self._outbox or not self._ready:
+                    break
+                msg = self._outbox[0]
+                if self._superseded_locked(msg.topic, msg.retain, msg.seq, msg):
+                    self._outbox.popleft()
+                    self._queued_bytes -= len(msg.payload)
+                    self._superseded += 1
+                    taken += 1
+                    continue
+            self._send(msg, from_outbox=True)
+            taken, sent = taken + 1, sent + 1
+        return taken, sent
+
+    def _drain_spool(self, spool: Spool, budget: int) -> tuple[int, int]:
+        """Up to `budget` records the spool holds beyond its cursor, within the in-memory
+        limits; records sent ahead of the drain, and retained copies a newer one replaced, are
+        skipped (the latter acknowledged in the spool: they will never be sent). Returns
+        (taken, handed over). Caller holds _send_lock."""
         with self._lock:
-            self._last_error = message
-            warn = (message != self._error_logged
-                    or now - self._error_logged_at >= ERROR_REPEAT_LOG_S)
-            if warn:
-                self._error_logged, self._error_logged_at = message, now
-        logger.log(logging.WARNING if warn else logging.DEBUG, "MQTT: %s", message)
+            room = self._config.queue_limit - len(self._outbox) - len(self._pending)
+            room_bytes = self._config.queue_limit_bytes - self._queued_bytes
+        if room <= 0 or room_bytes <= 0:
+            return 0, 0
+        sent = 0
+        records = spool.read(min(room, budget), room_bytes)
+        for seq, rec in records:
+            with self._lock:
+                if self._sent_ahead.passed(seq):
+                    continue
+                if self._superseded_locked(rec.topic, rec.retain, seq):
+                    self._superseded += 1
+                    spool.ack(seq)
+                    continue
+            self._send(_Outgoing(rec.topic, rec.payload, rec.qos, rec.retain, seq))
+            sent += 1
+        return len(records), sent
+
+    def _record_error(self, kind: ErrorKind, message: str, active: bool = True) -> None:
+        """Keep the error for stats(); warn when its kind is news (the first of its kind, or
+        the first since that kind was resolved) and again every ERROR_REPEAT_LOG_S while it
+        persists, with the count of the repeats in between: a long outage stays visible without
+        a warning per retry, and two errors that alternate do not defeat that."""
+        warn = self._errors.report(kind, message, active=active)
+        if warn is None:
+            logger.debug("MQTT: %s", message)
+        else:
+            logger.warning("MQTT: %s%s", message, warn.suffix())
+
+    def _internal_error(self, message: str) -> None:
+        """A bug caught (call it in the `except` block): logged with its traceback like any
+        error kind, once and then once per ERROR_REPEAT_LOG_S, so a callback that fails on
+        every packet cannot flood the journal."""
+        warn = self._errors.report(ErrorKind.INTERNAL, message, active=False)
+        if warn is None:
+            logger.debug("MQTT: %s", message)
+        else:
+            logger.exception("MQTT: %s%s", message, warn.suffix())
 
 
 def _check_config(config: MqttConfig) -> None:
@@ -981,3 +1252,5 @@ def _check_config(config: MqttConfig) -> None:
         raise ValueError("mqtt.password is set but mqtt.username is not (MQTT needs both)")
     if not 0 < config.reconnect_min_s <= config.reconnect_max_s:
         raise ValueError("mqtt.reconnect_min_s must be > 0 and <= mqtt.reconnect_max_s")
+    if not config.drain_rate >= 0:
+        raise ValueError(f"mqtt.drain_rate must be >= 0 (0: unpaced), not {config.drain_rate!r}")

@@ -192,7 +192,11 @@ function showMqtt(mqtt) {
   const parts = [mqtt.connected ? "connected" : "not connected", "broker " + (mqtt.broker ?? "?"),
                  "queued " + (mqtt.queued ?? 0), "dropped " + (mqtt.dropped ?? 0),
                  "reconnects " + (mqtt.reconnects ?? 0)];
-  if (mqtt.last_error) parts.push("last error: " + mqtt.last_error);
+  if (mqtt.last_error) {  // error_active false: a past error, shown with when it was last seen
+    const over = mqtt.error_active === false;
+    parts.push((over ? "last error (over, " + (mqtt.last_error_at ?? "?") + "): " : "error: ") +
+               mqtt.last_error);
+  }
   node.textContent = parts.join(" \\u00b7 ");
   node.className = mqtt.connected ? "ok" : "bad";
 }
