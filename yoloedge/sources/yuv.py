@@ -25,8 +25,9 @@ its general scaler (chroma interpolated vertically, about one grey level off on 
 OpenCV 5, wide-gamut primaries (BT.2020, DCI-P3...) and HDR transfers (PQ, HLG), which FFmpeg 8
 maps to BT.709 before converting.
 
-The picture is converted in strips of STRIP_ROWS rows, into arrays kept for the next frame: the
-16-bit intermediates of a whole 1080p frame would take 16 MB per camera, a strip's 0.5 MB.
+The picture is converted in strips of about STRIP_PIXELS pixels (whole rows, an even number), into
+arrays kept for the next frame: the 16-bit intermediates of a whole 1080p frame would take 27 MB per
+camera, a strip's 2 MB; fewer, longer strips would mostly save Python's calls.
 """
 
 from __future__ import annotations
@@ -39,8 +40,14 @@ from typing import Any
 import cv2
 import numpy as np
 
-#: rows converted at a time (even: a strip holds whole 2x2 chroma blocks)
-STRIP_ROWS = 64
+#: pixels converted at a time, about 13 bytes of intermediates each (the rows of a strip are even in
+#: number: a strip holds whole 2x2 chroma blocks)
+STRIP_PIXELS = 1280 * 128
+
+
+def strip_rows(width: int) -> int:
+    """How many rows of a picture `width` wide a strip holds."""
+    return max(2, STRIP_PIXELS // max(width, 1) // 2 * 2)
 
 
 @dataclass(frozen=True)
@@ -188,12 +195,13 @@ def plane(data: Any, offset: int, stride: int, rows: int, columns: int) -> np.nd
 
 
 class _Buffers:
-    """The arrays a strip of STRIP_ROWS rows of a picture `width` wide is computed in."""
+    """The arrays a strip of a picture `width` wide is computed in."""
 
     def __init__(self, width: int) -> None:
         chroma_width = (width + 1) // 2
-        rows, chroma_rows = STRIP_ROWS, STRIP_ROWS // 2
-        self.width = width
+        rows = strip_rows(width)
+        chroma_rows = rows // 2
+        self.width, self.rows = width, rows
         # the planes' rows copied in: cv2 copies a read-only array (a mapped buffer) on every call
         self.y = np.empty((rows, width), np.uint8)
         self.u = np.empty((chroma_rows, chroma_width), np.uint8)
@@ -269,8 +277,9 @@ class I420Converter:
         tables = self._tables.get(colorimetry)
         if tables is None:
             tables = self._tables[colorimetry] = swscale_tables(colorimetry, self.arithmetic)
-        for top in range(0, h, STRIP_ROWS):
-            bottom = min(h, top + STRIP_ROWS)
+        step = strip_rows(w)
+        for top in range(0, h, step):
+            bottom = min(h, top + step)
             self._strip(w, bottom - top).convert(tables, luma[top:bottom], u[top // 2:(bottom + 1) // 2],
                                                  v[top // 2:(bottom + 1) // 2], target[top:bottom])
         return target
