@@ -112,7 +112,7 @@ def opencv_colorimetry(stream: Colorimetry, cv2_version: str = cv2.__version__) 
 class Arithmetic(str, Enum):
     """Which of swscale's two yuv420p-to-bgr24 converters a machine's FFmpeg runs."""
 
-    X86 = "x86"  # the SSSE3 one (yuv_2_rgb.asm); every x86-64 CPU since 2011 has SSSE3
+    X86 = "x86"  # the SSSE3 one (yuv_2_rgb.asm): x86 CPUs (SSSE3: Intel since 2006, AMD since 2011)
     C = "c"  # the portable one (yuv2rgb.c): aarch64 (Jetson, Ascend hosts) and the rest
 
 
@@ -163,23 +163,36 @@ def swscale_tables(colorimetry: Colorimetry, arithmetic: Arithmetic) -> Tables:
         crv, cbu, cgu, cgv = (_c_div(c * 224, 255) for c in (crv, cbu, cgu, cgv))
     else:
         cy, oy = _c_div(cy * 255, 219), 16 << 16
-    samples = np.arange(256, dtype=np.int64)
     if arithmetic is Arithmetic.X86:
-        y_coeff, y_offset = _round_to_int16(cy << 13), _round_to_int16(oy << 3)
-        chroma = samples * 8 - 0x400  # U' = 8U - 1024, V' likewise (uOffset, vOffset)
+        return _x86_tables(cy, oy, crv, cbu, cgu, cgv)
+    return _c_tables(cy, oy, colorimetry.full_range, crv, cbu, cgu, cgv)
 
-        def mulhi(coefficient: int) -> np.ndarray:  # pmulhw: the high 16 bits of the product
-            return (chroma * _round_to_int16(coefficient << 13)) >> 16
-        return Tables(_lut(((samples * 8 - y_offset) * y_coeff) >> 16), _lut(mulhi(cbu)), _lut(mulhi(cgu)),
-                      _lut(mulhi(cgv)), _lut(mulhi(crv)), None)
+
+def _x86_tables(cy: int, oy: int, crv: int, cbu: int, cgu: int, cgv: int) -> Tables:
+    """yuv_2_rgb.asm's terms: (8Y - yOffset) * yCoeff and (8U - 1024) * ubCoeff etc., each the high
+    16 bits of the product (pmulhw), the coefficients rounded to 16 bits (roundToInt16)."""
+    samples = np.arange(256, dtype=np.int64)
+    y_coeff, y_offset = _round_to_int16(cy << 13), _round_to_int16(oy << 3)
+    chroma = samples * 8 - 0x400  # U' = 8U - 1024, V' likewise (uOffset, vOffset)
+
+    def mulhi(coefficient: int) -> np.ndarray:
+        return (chroma * _round_to_int16(coefficient << 13)) >> 16
+    return Tables(_lut(((samples * 8 - y_offset) * y_coeff) >> 16), _lut(mulhi(cbu)), _lut(mulhi(cgu)),
+                  _lut(mulhi(cgv)), _lut(mulhi(crv)), None)
+
+
+def _c_tables(cy: int, oy: int, full_range: bool, crv: int, cbu: int, cgu: int, cgv: int) -> Tables:
+    """yuv2rgb.c's tables for 24 bits: a clipped luma table, read at Y plus an offset for U (blue),
+    for U and V (green) and for V (red), the chroma coefficients scaled by the luma one."""
+    samples = np.arange(256, dtype=np.int64)
     crv, cbu, cgu, cgv = (_c_div(c * (1 << 16) + 0x8000, max(cy, 1)) for c in (crv, cbu, cgu, cgv))
     luma_table = np.clip((-(384 << 16) - 512 * cy - oy + np.arange(2048, dtype=np.int64) * cy + 0x8000) >> 16, 0, 255)
-    base = (384 if colorimetry.full_range else 326) + 512  # where Y = 0 reads with no chroma
+    base = (384 if full_range else 326) + 512  # where Y = 0 reads with no chroma
     # The table is 0 up to `first`, 255 from `first + 255` on (its slope is 255/219 or 1): reading
     # it at the sum clipped to first..first + 255 changes nothing, so the sum is kept 8-bit.
     first = int(np.flatnonzero(luma_table == 0)[-1])
     if luma_table[first + 255] != 255:
-        raise ValueError(f"swscale's luma table for {colorimetry} rises over more than 256 entries")
+        raise ValueError("swscale's luma table rises over more than 256 entries")
     base -= first
 
     def offset(coefficient: int) -> np.ndarray:  # fill_table: where a chroma sample moves the read
@@ -201,7 +214,7 @@ class _Buffers:
         chroma_width = (width + 1) // 2
         rows = strip_rows(width)
         chroma_rows = rows // 2
-        self.width, self.rows = width, rows
+        self.width = width
         # the planes' rows copied in: cv2 copies a read-only array (a mapped buffer) on every call
         self.y = np.empty((rows, width), np.uint8)
         self.u = np.empty((chroma_rows, chroma_width), np.uint8)
