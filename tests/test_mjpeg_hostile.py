@@ -393,3 +393,73 @@ def test_the_reader_reconnects_a_camera_that_resets_after_every_frame(fake_nvjpe
     assert len(frames) >= 3 and stats["reconnects"] >= 2, stats
     assert stats["jpeg_decoder"] == "nvjpeg"
     assert SECRET not in str(stats) and USER not in str(stats)
+
+
+# -- a camera that changes its resolution ------------------------------------------------------------
+def resized(frames: list[bytes], size: tuple[int, int]) -> list[bytes]:
+    return [cv2.imencode(".jpg", cv2.resize(cv2.imdecode(np.frombuffer(f, np.uint8), cv2.IMREAD_COLOR), size))[1]
+            .tobytes() for f in frames]
+
+
+def read_camera(config: CameraConfig, until: Callable[[dict, list], bool], timeout_s: float = 15.0):
+    """Run a reader on `config` until `until(stats, frames)`; returns (stats, frames)."""
+    frames: list = []
+    reader = CameraReader(config, lambda frame, timeout: frames.append(frame.image.shape[:2]) or True,
+                          stall_timeout_s=5.0)
+    reader.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not until(reader.stats(), frames) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return reader.stats(), frames
+    finally:
+        reader.stop()
+        reader.join(5)
+
+
+def size_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "frames changed size" in r.getMessage()
+            or "since this connection" in r.getMessage()]
+
+
+@pytest.mark.shared
+def test_a_resolution_change_mid_stream_is_said_once_per_size(fake_nvjpeg, mjpeg_server_factory, caplog):
+    """The MJPEG reader hands each frame over at its own size: the camera alternating between 640x480
+    and 320x240 every 5 frames is one warning per new size and connection, naming the camera and both
+    sizes, however often it changes; status shows the size and counts the changes."""
+    server = mjpeg_server_factory(max_frames=5, fps=30.0)
+    server.frames = server.frames + resized(server.frames, (320, 240))
+    config = CameraConfig(name="door", url=server.url, jpeg_decoder="nvjpeg", open_timeout_s=5, read_timeout_s=5)
+    with caplog.at_level(logging.WARNING, logger="yoloedge.sources.reader"):
+        stats, frames = read_camera(config, lambda stats, _: stats["size_changes"] >= 6)
+    assert stats["size_changes"] >= 6 and stats["reconnects"] == 0, stats
+    assert {(480, 640), (240, 320)} <= set(frames) and stats["frame_size"] in ("640x480", "320x240")
+    assert size_warnings(caplog) == [
+        "camera door: frames changed size mid-stream, 640x480 to 320x240 (the camera changed its resolution); "
+        "they go on at the new size",
+        "camera door: frames changed size mid-stream, 320x240 to 640x480 (the camera changed its resolution); "
+        "they go on at the new size"]
+
+
+@pytest.mark.shared
+def test_a_resolution_change_through_ffmpeg_is_said_at_the_next_connection(mjpeg_server_factory, caplog):
+    """OpenCV's FFmpeg (jpeg_decoder: cpu) scales frames to the size it opened the stream at: the change
+    shows when the camera reconnects, and is said then."""
+    server = mjpeg_server_factory(max_frames=5, fps=30.0)
+    config = CameraConfig(name="gate", url=server.url, jpeg_decoder="cpu", open_timeout_s=5, read_timeout_s=2,
+                          backoff_initial_s=0.1, backoff_max_s=0.2)
+    switched: list[int] = []
+
+    def switch_once(stats: dict, frames: list) -> bool:
+        if len(frames) >= 10 and not switched:
+            switched.append(len(frames))
+            server.stop()
+            server.frames = resized(server.frames, (320, 240))
+            server.start()
+        return (240, 320) in frames
+    with caplog.at_level(logging.WARNING, logger="yoloedge.sources.reader"):
+        stats, frames = read_camera(config, switch_once)
+    assert stats["reconnects"] >= 1 and stats["frame_size"] == "320x240" and stats["size_changes"] == 1, stats
+    assert set(frames) == {(480, 640), (240, 320)}
+    assert size_warnings(caplog) == ["camera gate: frames are 320x240 since this connection, 640x480 before (the "
+                                     "camera changed its resolution)"]

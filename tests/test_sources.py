@@ -331,6 +331,33 @@ def test_rtsp_server_killed_then_restarted_streams_again(rtsp_server, run_reader
     print(f"left streaming {left - killed:.2f} s after kill; streaming again {back - restarted:.2f} s after restart")
 
 
+def utc_seconds(timestamp: str) -> float:
+    """Epoch seconds of a status timestamp (2026-11-29T19:38:21.123Z)."""
+    from datetime import datetime, timezone
+    return datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def test_a_recovered_camera_shows_its_failure_as_past_with_its_time(mjpeg_server, run_reader):
+    """While the camera is down `error` says why, and so does `last_error`, with `last_error_at`;
+    streaming again, `error` is null and the failure stays in `last_error` with its time."""
+    reader, states = run_reader(camera(mjpeg_server.url, backoff_initial_s=0.1, backoff_max_s=0.2), Collector())
+    assert states.wait_for(CameraState.STREAMING, 5)
+    assert reader.stats()["error"] is None and reader.stats()["last_error"] is None
+    went_down = time.time()
+    mjpeg_server.stop()
+    assert wait_until(lambda: reader.stats()["error"] is not None, 10), reader.stats()
+    down = reader.stats()
+    assert down["state"] != "streaming" and down["last_error"] == down["error"], down
+    mjpeg_server.start()
+    restarted = time.monotonic()
+    assert states.wait_for(CameraState.STREAMING, 10, after=restarted), states.events
+    back_at = time.time()
+    up = reader.stats()
+    assert up["state"] == "streaming" and up["error"] is None, up
+    assert up["last_error"] and "://127.0.0.1:" in up["last_error"], up
+    assert went_down - 0.01 <= utc_seconds(up["last_error_at"]) <= back_at, (went_down, up["last_error_at"], back_at)
+
+
 def test_rtsp_server_frozen_is_a_stall_and_recovers_after_sigcont(rtsp_server, run_reader):
     collector = Collector()
     reader, states = run_reader(camera(rtsp_server.url()), collector)

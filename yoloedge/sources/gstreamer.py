@@ -36,7 +36,7 @@ from .gstlaunch import (AUTO_ORDER, CHAIN_NEEDS, DECODEBIN_NAME, GSTREAMER_HINT,
                         SOURCE_NAME, Decoder, Preset, display_launch, file_launch, gi_installed,
                         register_launch_secrets, rtsp_launch, split_links)
 from .imagesize import DEFAULT_LIMITS, ImageLimits
-from .yuv import BT601, Colorimetry, I420Converter, PlaneLayout, plane
+from .yuv import BT601, Colorimetry, I420Converter, Matrix, PlaneLayout, opencv_colorimetry, opencv_reads_tags, plane
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +253,7 @@ class GStreamerSource(Source):
         self._caps: Any = None
         self._layout: tuple[PixelFormat, PlaneLayout, Colorimetry] | None = None  # of the frames with _caps
         self._converter = I420Converter()
+        self._told: set[str] = set()  # why this stream's pictures differ from decoder: opencv's, logged once
         self._pending: Any = None  # the first sample, pulled while opening
         self._g = gst()
         if spec.user_pipeline:
@@ -442,9 +443,12 @@ class GStreamerSource(Source):
                               f"not {shown}; end the pipeline with videoconvert ! video/x-raw,format=BGR ! appsink")
                 return None
             planes = range(info.finfo.n_planes)
-            self._layout = (pixel_format, PlaneLayout(info.width, info.height, tuple(info.offset[p] for p in planes),
-                                                      tuple(info.stride[p] for p in planes)),
-                            _colorimetry(GstVideo, caps, info))
+            layout = PlaneLayout(info.width, info.height, tuple(info.offset[p] for p in planes),
+                                 tuple(info.stride[p] for p in planes))
+            stream, colour_managed = _colorimetry(GstVideo, caps, info)
+            self._layout = (pixel_format, layout, opencv_colorimetry(stream))
+            if pixel_format is PixelFormat.I420:
+                self._tell_differences(layout, colour_managed)
         if self._layout is None:
             return None
         pixel_format, layout, colorimetry = self._layout
@@ -454,6 +458,21 @@ class GStreamerSource(Source):
             layout = PlaneLayout(layout.width, layout.height, tuple(meta.offset[p] for p in planes),
                                  tuple(meta.stride[p] for p in planes))
         return pixel_format, layout, colorimetry
+
+    def _tell_differences(self, layout: PlaneLayout, colour_managed: str | None) -> None:
+        """Log once per stream what makes its pictures differ from decoder: opencv's (`yuv.py`)."""
+        reasons = []
+        if layout.height % 2:
+            reasons.append(f"its height ({layout.height}) is odd: OpenCV's FFmpeg interpolates chroma between "
+                           f"rows there, yoloedge repeats it (about 1 grey level apart on average)")
+        if colour_managed is not None and opencv_reads_tags():
+            reasons.append(f"its {colour_managed}: OpenCV's FFmpeg maps such colours to BT.709 first, which "
+                           f"yoloedge does not")
+        for reason in reasons:
+            if reason not in self._told:
+                self._told.add(reason)
+                log.warning("%s: pictures differ from decoder: opencv's: %s", self.description, reason,
+                            extra={"camera": self.camera})
 
     def _bus_error(self) -> str | None:
         """The first ERROR on the bus as a message safe to log, or None. Other messages are
@@ -486,17 +505,39 @@ def _pixel_format(GstVideo: Any, info: Any) -> PixelFormat | None:
         info.finfo.format)
 
 
-def _colorimetry(GstVideo: Any, caps: Any, info: Any) -> Colorimetry:
-    """The YUV-to-RGB conversion FFmpeg (and so `decoder: opencv`) applies to the stream: the
-    matrix and range its caps state; BT.601 limited range where they state none (GstVideo would
-    guess BT.709 for HD there, FFmpeg does not)."""
+#: swscale's table row for each GstVideo.VideoColorMatrix (by name); unknown and RGB: BT.601, as FFmpeg
+#: takes an unspecified matrix
+_MATRICES = {"BT709": Matrix.BT709, "BT601": Matrix.BT601, "FCC": Matrix.FCC, "SMPTE240M": Matrix.SMPTE240M,
+             "BT2020": Matrix.BT2020}
+#: primaries FFmpeg 8 converts as they are: those close enough to BT.709 (measured, OpenCV 5.0:
+#: FILM, BT.2020, DCI-P3, Display P3, EBU 3213 and XYZ are mapped to BT.709 first)
+_PLAIN_PRIMARIES = ("UNKNOWN", "BT709", "BT470M", "BT470BG", "SMPTE170M", "SMPTE240M")
+#: transfer functions FFmpeg 8 tone-maps (HDR)
+_HDR_TRANSFERS = ("SMPTE2084", "ARIB_STD_B67")
+
+
+def _colorimetry(GstVideo: Any, caps: Any, info: Any) -> tuple[Colorimetry, str | None]:
+    """The matrix and range the stream's caps state (BT.601 limited range where they state none:
+    GstVideo would guess BT.709 for HD there, FFmpeg does not), and what in them FFmpeg 8 maps
+    before converting (wide-gamut primaries, an HDR transfer), or None."""
     if not caps.get_structure(0).has_field("colorimetry"):
-        return BT601
-    known, kr, kb = GstVideo.video_color_matrix_get_Kr_Kb(info.colorimetry.matrix)
-    full_range = info.colorimetry.range == getattr(GstVideo.VideoColorRange, "0_255")  # not a Python name
-    if not known:  # unknown, or RGB (no YUV matrix): FFmpeg's default
-        kr, kb = BT601.kr, BT601.kb
-    return Colorimetry(kr, kb, full_range)
+        return BT601, None
+    colorimetry = info.colorimetry
+    matrix = _MATRICES.get(_enum_name(GstVideo.VideoColorMatrix, colorimetry.matrix), Matrix.BT601)
+    full_range = colorimetry.range == getattr(GstVideo.VideoColorRange, "0_255")  # not a Python name
+    primaries = _enum_name(GstVideo.VideoColorPrimaries, colorimetry.primaries)
+    transfer = _enum_name(GstVideo.VideoTransferFunction, colorimetry.transfer)
+    mapped = None
+    if primaries not in _PLAIN_PRIMARIES:
+        mapped = f"colour primaries ({primaries})"
+    elif transfer in _HDR_TRANSFERS:
+        mapped = f"HDR transfer function ({transfer})"
+    return Colorimetry(matrix, full_range), mapped
+
+
+def _enum_name(enum: Any, value: Any) -> str:
+    """A GstVideo enum value's name (BT709 for GST_VIDEO_COLOR_MATRIX_BT709), UNKNOWN for others."""
+    return next((name for name in dir(enum) if name.isupper() and getattr(enum, name) == value), "UNKNOWN")
 
 
 def _bgr_copy(data: Any, layout: PlaneLayout, out: np.ndarray | None) -> np.ndarray:

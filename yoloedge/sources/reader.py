@@ -38,6 +38,7 @@ from ..config.schema import CameraConfig
 from ..metrics import RateMeter
 from ..redact import SECRETS, redact_text
 from ..threads import lower_priority
+from ..timeutil import utc_timestamp
 from .capture import Source, SourceError, SourceKind, UnsupportedSourceError
 from .frame import Frame, FrameSink, SinkClosed
 from .gstreamer import camera_description, open_camera
@@ -174,7 +175,9 @@ class Connection:
         self.first_frame_at: float | None = None
         self.last_good_at: float | None = None
         self.late_at: float | None = None  # when the last late read returned
-        self.frame_size: tuple[int, int] | None = None
+        self.frame_size: tuple[int, int] | None = None  # of the first frame
+        self.size: tuple[int, int] | None = None  # of the latest frame
+        self.sizes_told: set[tuple[int, int]] = set()  # sizes a change to was logged for
         self.skipped_seen = 0  # the source's skipped-image count already added to the reader's
         #: while `reading`, a stall is counted from here: the start of the first read after the
         #: last good frame (time spent pacing or blocked on a full lossless queue does not count)
@@ -248,8 +251,12 @@ class CameraReader:
         self._stalls = 0
         self._images_skipped = 0
         self._jpeg_decoder: str | None = None  # the decoder the last opened source uses (folders, HTTP)
-        self._error: str | None = None
+        self._error: str | None = None  # the failure the camera is in now; None once it streams again
+        self._last_error: str | None = None  # the latest failure, kept after a recovery
+        self._last_error_at: str | None = None  # when it happened (UTC)
         self._last_good_at: float | None = None
+        self._frame_size: tuple[int, int] | None = None  # the latest frame's (width, height)
+        self._size_changes = 0  # frames that came at another size than the one before them
         self._retry_in_s: float | None = None
         self._rate_in = RateMeter(RATE_WINDOW_S, clock)
         self._rate_out = RateMeter(RATE_WINDOW_S, clock)
@@ -337,12 +344,16 @@ class CameraReader:
                 "images_skipped": self._images_skipped,
                 "jpeg_decoder": self._jpeg_decoder,
                 "decoder": self._decoder,
+                "frame_size": None if self._frame_size is None else "{}x{}".format(*self._frame_size),
+                "size_changes": self._size_changes,
                 "last_frame_age_s": None if self._last_good_at is None else round(now - self._last_good_at, 3),
                 "fps_in": round(self._rate_in.rate(), 2),
                 "fps_out": round(self._rate_out.rate(), 2),
                 "consecutive_failures": self._consecutive_failures,
                 "retry_in_s": self._retry_in_s,
                 "error": self._error,
+                "last_error": self._last_error,
+                "last_error_at": self._last_error_at,
             }
 
     # -- supervisor ------------------------------------------------------------------------------
@@ -430,6 +441,8 @@ class CameraReader:
                 return AttemptResult(Outcome.STOPPED, "stop requested", conn.streamed_s(self._clock()))
             if conn.first_frame_at is not None and not reported_streaming:
                 reported_streaming = True
+                with self._lock:
+                    self._error = None  # recovered: the failure is history (last_error, last_error_at)
                 self._set_state(CameraState.STREAMING, self._streaming_reason(conn))
             now = self._clock()
             if conn.finished:
@@ -546,6 +559,7 @@ class CameraReader:
             if too_large is not None:
                 conn.finish(Outcome.ERROR, self._scrub(f"{source.description}: a frame of {too_large}"))
                 return
+            self._note_size(conn, source, image)
             seq = self._count_frame_in(conn)
             if seq is None:
                 return
@@ -616,6 +630,31 @@ class CameraReader:
             conn.skipped_seen = source.skipped
             with self._lock:
                 self._images_skipped += new
+
+    def _note_size(self, conn: Connection, source: Source, image: np.ndarray) -> None:
+        """Say once per connection and size when a camera's frames change size (it switched its
+        resolution): mid-stream, where the source hands frames over at their own size (GStreamer,
+        the MJPEG reader; OpenCV's FFmpeg scales them to the connection's first size), or from one
+        connection to the next. The images of a folder may have any size."""
+        size = (int(image.shape[1]), int(image.shape[0]))
+        if size == conn.size:
+            return
+        mid_stream = conn.size is not None
+        with self._lock:
+            before, self._frame_size = self._frame_size, size
+            changed = before is not None and before != size and source.kind is not SourceKind.FOLDER
+            if changed:
+                self._size_changes += 1
+        conn.size = size
+        if not changed or before is None or size in conn.sizes_told:
+            return
+        conn.sizes_told.add(size)
+        if mid_stream:
+            self._log(logging.WARNING, "camera %s: frames changed size mid-stream, %dx%d to %dx%d (the camera "
+                      "changed its resolution); they go on at the new size", self.name, *before, *size)
+        else:
+            self._log(logging.WARNING, "camera %s: frames are %dx%d since this connection, %dx%d before (the "
+                      "camera changed its resolution)", self.name, *size, *before)
 
     def _count_late(self, read_s: float) -> None:
         with self._lock:
@@ -689,9 +728,11 @@ class CameraReader:
                 self._log_exception("state callback failed", exc)
 
     def _record_error(self, reason: str | None) -> None:
+        """The camera's current failure, and its latest one with the time (kept after a recovery)."""
         if reason:
             with self._lock:
-                self._error = self._scrub(reason)
+                self._error = self._last_error = self._scrub(reason)
+                self._last_error_at = utc_timestamp()
 
     def _scrub(self, text: str) -> str:
         """Remove credentials from text that may quote the URL (FFmpeg, OpenCV, exceptions): the raw

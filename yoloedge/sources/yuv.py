@@ -1,29 +1,53 @@
-"""I420 pictures out of a GStreamer buffer into BGR arrays: the conversion OpenCV's FFmpeg does.
+"""I420 pictures out of a GStreamer buffer into BGR arrays, bit for bit as OpenCV's FFmpeg makes them.
 
-The GStreamer presets hand Python I420 rather than BGR: GStreamer's videoconvert to BGR cost
-1.35 ms of CPU per 720p frame, and rounds and upsamples chroma its own way, so its pictures were
-1.4 grey levels (up to 5) from `decoder: opencv`'s. Here the conversion follows FFmpeg's
-(swscale's) choice of coefficients: the stream's matrix and range as the caps state them, and
-BT.601 limited range when the caps say nothing (FFmpeg's default for an unspecified stream).
+`decoder: opencv` gets its BGR from FFmpeg's swscale (yuv420p to bgr24 at the same size: swscale's
+"unscaled" converter, whatever flags OpenCV passes). The GStreamer presets hand Python the
+decoder's I420 instead, and this module computes what swscale would have made of it: the same row
+of swscale's coefficient table, the same fixed-point arithmetic, each chroma sample repeated over
+its 2x2 block. Anything else moves an int8 model's scores: cv2.cvtColor's COLOR_YUV2BGR_I420 rounds
+its own way (about one grey level brighter on average), GStreamer's videoconvert interpolates
+chroma; either changed the boxes of most frames of a crowded clip.
 
-BT.601 limited range is cv2's COLOR_YUV2BGR_I420 (0.4 ms of CPU at 720p). Any other
-colorimetry (BT.709 for most HD streams, full range) goes through one 3x4 matrix on the YUV with
-its chroma repeated over each 2x2 block, as COLOR_YUV2BGR_I420 does (0.6 ms): cv2 has no
-BT.709 I420 conversion, and BT.601 on a BT.709 stream is off by up to 22 levels in saturated colours.
+swscale has two arithmetics for this conversion, and each is reproduced (`Arithmetic`):
+- x86 (yuv_2_rgb.asm, SSSE3): every sample times 8, 16-bit multiplies that keep the high half
+  (pmulhw), B = Y' + U'ub, G = Y' + U'ug + V'vg, R = Y' + V'vr, saturated to 0..255.
+- elsewhere (yuv2rgb.c, the C converter; aarch64 has no NEON one for BGR24): a clipped luma table
+  read at Y plus an offset per chroma sample.
+Both are a 16-bit term per Y, per U and per V (lookup tables, `swscale_tables`), added per pixel,
+then clipped (x86) or looked up in the luma table (C). Both were checked against FFmpeg's own
+converters (called on libswscale) for every (Y, U, V) in every matrix and range.
 
-cv2 takes the three planes as one (height * 3/2, width) array: the Y rows, then U, then V, each
-packed. That is GStreamer's default layout for even sizes whose width is a multiple of 8; any other
-layout (row padding, a producer's own strides, an odd size) is first copied into that shape, in an
-array kept for the next frame.
+Which matrix and range OpenCV's FFmpeg applies depends on OpenCV (`opencv_colorimetry`): OpenCV 5
+(FFmpeg 8) takes the stream's matrix and range; OpenCV 4 takes the range but always BT.601.
+
+Not reproduced (`gstreamer.py` says so once per stream): odd heights, which swscale sends through
+its general scaler (chroma interpolated vertically, about one grey level off on average), and, with
+OpenCV 5, wide-gamut primaries (BT.2020, DCI-P3...) and HDR transfers (PQ, HLG), which FFmpeg 8
+maps to BT.709 before converting.
+
+The picture is converted in strips of about STRIP_PIXELS pixels (whole rows, an even number), into
+arrays kept for the next frame: the 16-bit intermediates of a whole 1080p frame would take 27 MB per
+camera, a strip's 2 MB; fewer, longer strips would mostly save Python's calls.
 """
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import cv2
 import numpy as np
+
+#: pixels converted at a time, about 13 bytes of intermediates each (the rows of a strip are even in
+#: number: a strip holds whole 2x2 chroma blocks)
+STRIP_PIXELS = 1280 * 128
+
+
+def strip_rows(width: int) -> int:
+    """How many rows of a picture `width` wide a strip holds."""
+    return max(2, STRIP_PIXELS // max(width, 1) // 2 * 2)
 
 
 @dataclass(frozen=True)
@@ -37,29 +61,144 @@ class PlaneLayout:
     strides: tuple[int, ...]
 
 
+class Matrix(str, Enum):
+    """The YUV-to-RGB matrices swscale knows (its SWS_CS_* table rows)."""
+
+    BT601 = "bt601"  # also BT.470BG, SMPTE 170M, and swscale's default for an unstated matrix
+    BT709 = "bt709"
+    FCC = "fcc"
+    SMPTE240M = "smpte240m"
+    BT2020 = "bt2020"
+
+
+#: swscale's inverse coefficients (crv, cbu, cgu, cgv), 16.16 fixed point: ff_yuv2rgb_coeffs in
+#: libswscale/yuv2rgb.c, the rows sws_getCoefficients gives for each matrix
+SWS_COEFFICIENTS: dict[Matrix, tuple[int, int, int, int]] = {
+    Matrix.BT601: (104597, 132201, 25675, 53279),
+    Matrix.BT709: (117489, 138438, 13975, 34925),
+    Matrix.FCC: (104448, 132798, 24759, 53109),
+    Matrix.SMPTE240M: (117579, 136230, 16907, 35559),
+    Matrix.BT2020: (110013, 140363, 12277, 42626),
+}
+
+
 @dataclass(frozen=True)
 class Colorimetry:
-    """How a stream's YUV maps to RGB: its matrix's luma weights of red and blue, and its range."""
+    """How a picture's YUV maps to RGB: the matrix, and full (0..255) or limited (16..235) range."""
 
-    kr: float
-    kb: float
+    matrix: Matrix = Matrix.BT601
     full_range: bool = False
 
 
-BT601 = Colorimetry(0.299, 0.114)
+BT601 = Colorimetry()
 
 
-def bgr_matrix(colorimetry: Colorimetry) -> np.ndarray:
-    """The 3x4 matrix giving (B, G, R) bytes from (Y, U, V, 1) bytes."""
-    kr, kb = colorimetry.kr, colorimetry.kb
-    kg = 1.0 - kr - kb
-    rgb_from_yuv = np.array([[1.0, 0.0, 2 * (1 - kr)],  # u, v in -0.5..0.5
-                             [1.0, -2 * kb * (1 - kb) / kg, -2 * kr * (1 - kr) / kg],
-                             [1.0, 2 * (1 - kb), 0.0]])
-    luma_offset, luma_scale, chroma_scale = (0, 255, 255) if colorimetry.full_range else (16, 219, 224)
-    linear = 255.0 * rgb_from_yuv[::-1] @ np.diag([1 / luma_scale, 1 / chroma_scale, 1 / chroma_scale])
-    offset = -linear @ np.array([luma_offset, 128.0, 128.0])
-    return np.hstack([linear, offset[:, None]]).astype(np.float32)
+def opencv_reads_tags(cv2_version: str = cv2.__version__) -> bool:
+    """Whether cv2.VideoCapture converts a frame by its own tags. OpenCV 5 hands FFmpeg 8 the
+    decoded frame (sws_scale_frame): the stream's matrix and range apply, and wide-gamut primaries
+    and HDR transfers are mapped to BT.709. OpenCV 4 sets swscale up with its defaults
+    (sws_getCachedContext): BT.601 whatever the stream says, and the range of the decoder's pixel
+    format (FFmpeg's decoders give full-range streams as yuvj420p). Measured with
+    opencv-python-headless 4.12.0.88 (FFmpeg 5.1) and 5.0.0.93 (FFmpeg 8.0)."""
+    return int(cv2_version.split(".", 1)[0]) >= 5
+
+
+def opencv_colorimetry(stream: Colorimetry, cv2_version: str = cv2.__version__) -> Colorimetry:
+    """The conversion cv2.VideoCapture applies to a stream that states `stream` (BT.601 limited
+    where it states nothing)."""
+    return stream if opencv_reads_tags(cv2_version) else Colorimetry(Matrix.BT601, stream.full_range)
+
+
+class Arithmetic(str, Enum):
+    """Which of swscale's two yuv420p-to-bgr24 converters a machine's FFmpeg runs."""
+
+    X86 = "x86"  # the SSSE3 one (yuv_2_rgb.asm): x86 CPUs (SSSE3: Intel since 2006, AMD since 2011)
+    C = "c"  # the portable one (yuv2rgb.c): aarch64 (Jetson, Ascend hosts) and the rest
+
+
+def native_arithmetic(machine: str | None = None) -> Arithmetic:
+    """The converter FFmpeg uses on this machine (or on `machine`, platform.machine()'s name)."""
+    name = (platform.machine() if machine is None else machine).lower()
+    return Arithmetic.X86 if name in ("x86_64", "amd64", "i386", "i686", "x86") else Arithmetic.C
+
+
+@dataclass(frozen=True)
+class Tables:
+    """One conversion as lookup tables: each output channel is `luma[Y]` plus its chroma terms
+    (blue: `blue_u[U]`; green: `green_u[U] + green_v[V]`; red: `red_v[V]`), 16-bit, clipped to
+    0..255, then (the C converter) read in `final`."""
+
+    luma: np.ndarray
+    blue_u: np.ndarray
+    green_u: np.ndarray
+    green_v: np.ndarray
+    red_v: np.ndarray
+    final: np.ndarray | None  # None: the clipped sum is the picture (x86)
+
+
+def _c_div(a: int, b: int) -> int:
+    """C's integer division (truncates towards zero), which swscale's table set-up uses."""
+    quotient = abs(a) // abs(b)
+    return quotient if (a >= 0) == (b > 0) else -quotient
+
+
+def _round_to_int16(value: int) -> int:
+    """swscale's roundToInt16: a 16.16 number rounded to an int16, saturated."""
+    rounded = (value + (1 << 15)) >> 16
+    return -0x8000 if rounded < -0x7FFF else min(rounded, 0x7FFF)
+
+
+def _lut(values: np.ndarray) -> np.ndarray:
+    """A (1, 256) int16 table, as cv2.LUT takes it."""
+    return np.ascontiguousarray(values, dtype=np.int16).reshape(1, 256)
+
+
+def swscale_tables(colorimetry: Colorimetry, arithmetic: Arithmetic) -> Tables:
+    """swscale's coefficients for `colorimetry` (ff_yuv2rgb_c_init_tables, with the brightness,
+    contrast and saturation sws_init_context sets: 0, 1.0, 1.0), as `Tables` for `arithmetic`."""
+    crv, cbu, cgu, cgv = SWS_COEFFICIENTS[colorimetry.matrix]
+    cgu, cgv = -cgu, -cgv
+    cy, oy = 1 << 16, 0
+    if colorimetry.full_range:
+        crv, cbu, cgu, cgv = (_c_div(c * 224, 255) for c in (crv, cbu, cgu, cgv))
+    else:
+        cy, oy = _c_div(cy * 255, 219), 16 << 16
+    if arithmetic is Arithmetic.X86:
+        return _x86_tables(cy, oy, crv, cbu, cgu, cgv)
+    return _c_tables(cy, oy, colorimetry.full_range, crv, cbu, cgu, cgv)
+
+
+def _x86_tables(cy: int, oy: int, crv: int, cbu: int, cgu: int, cgv: int) -> Tables:
+    """yuv_2_rgb.asm's terms: (8Y - yOffset) * yCoeff and (8U - 1024) * ubCoeff etc., each the high
+    16 bits of the product (pmulhw), the coefficients rounded to 16 bits (roundToInt16)."""
+    samples = np.arange(256, dtype=np.int64)
+    y_coeff, y_offset = _round_to_int16(cy << 13), _round_to_int16(oy << 3)
+    chroma = samples * 8 - 0x400  # U' = 8U - 1024, V' likewise (uOffset, vOffset)
+
+    def mulhi(coefficient: int) -> np.ndarray:
+        return (chroma * _round_to_int16(coefficient << 13)) >> 16
+    return Tables(_lut(((samples * 8 - y_offset) * y_coeff) >> 16), _lut(mulhi(cbu)), _lut(mulhi(cgu)),
+                  _lut(mulhi(cgv)), _lut(mulhi(crv)), None)
+
+
+def _c_tables(cy: int, oy: int, full_range: bool, crv: int, cbu: int, cgu: int, cgv: int) -> Tables:
+    """yuv2rgb.c's tables for 24 bits: a clipped luma table, read at Y plus an offset for U (blue),
+    for U and V (green) and for V (red), the chroma coefficients scaled by the luma one."""
+    samples = np.arange(256, dtype=np.int64)
+    crv, cbu, cgu, cgv = (_c_div(c * (1 << 16) + 0x8000, max(cy, 1)) for c in (crv, cbu, cgu, cgv))
+    luma_table = np.clip((-(384 << 16) - 512 * cy - oy + np.arange(2048, dtype=np.int64) * cy + 0x8000) >> 16, 0, 255)
+    base = (384 if full_range else 326) + 512  # where Y = 0 reads with no chroma
+    # The table is 0 up to `first`, 255 from `first + 255` on (its slope is 255/219 or 1): reading
+    # it at the sum clipped to first..first + 255 changes nothing, so the sum is kept 8-bit.
+    first = int(np.flatnonzero(luma_table == 0)[-1])
+    if luma_table[first + 255] != 255:
+        raise ValueError("swscale's luma table rises over more than 256 entries")
+    base -= first
+
+    def offset(coefficient: int) -> np.ndarray:  # fill_table: where a chroma sample moves the read
+        return ((samples * coefficient) >> 16) - (coefficient >> 9)
+    return Tables(_lut(samples), _lut(base + offset(cbu)), _lut(base + offset(cgu)), _lut(offset(cgv)),
+                  _lut(base + offset(crv)), np.ascontiguousarray(luma_table[first:first + 256], np.uint8))
 
 
 def plane(data: Any, offset: int, stride: int, rows: int, columns: int) -> np.ndarray:
@@ -68,90 +207,100 @@ def plane(data: Any, offset: int, stride: int, rows: int, columns: int) -> np.nd
     return np.ndarray((rows, columns), np.uint8, data, offset, (stride, 1))
 
 
-def is_packed(layout: PlaneLayout) -> bool:
-    """Whether the buffer already holds the planes as cv2 wants them, so it is converted in place."""
-    w, h = layout.width, layout.height
-    return (w % 2 == 0 and h % 2 == 0 and layout.strides == (w, w // 2, w // 2)
-            and layout.offsets[1] == layout.offsets[0] + w * h
-            and layout.offsets[2] == layout.offsets[1] + w * h // 4)
+class _Buffers:
+    """The arrays a strip of a picture `width` wide is computed in."""
+
+    def __init__(self, width: int) -> None:
+        chroma_width = (width + 1) // 2
+        rows = strip_rows(width)
+        chroma_rows = rows // 2
+        self.width = width
+        # the planes' rows copied in: cv2 copies a read-only array (a mapped buffer) on every call
+        self.y = np.empty((rows, width), np.uint8)
+        self.u = np.empty((chroma_rows, chroma_width), np.uint8)
+        self.v = np.empty((chroma_rows, chroma_width), np.uint8)
+        self.luma = np.empty((rows, width), np.int16)  # the luma term of each pixel
+        self.terms = np.empty((4, chroma_rows, chroma_width), np.int16)  # blue, green (U), green (V), red
+        # each chroma sample's three terms twice: the two pixels of a block row side by side
+        self.chroma = np.empty((chroma_rows, chroma_width, 6), np.int16)
+        self.sums = np.empty((rows, width, 3), np.int16)  # luma term, then plus chroma terms
+
+
+class _Strip:
+    """`rows` rows of a picture (the last strip may be shorter), as views of `_Buffers`: made
+    once, not on every frame. An odd last row is computed with the next one as scratch."""
+
+    def __init__(self, buffers: _Buffers, rows: int) -> None:
+        width, even_rows, chroma_rows = buffers.width, rows + rows % 2, (rows + 1) // 2
+        self.rows = rows
+        self.y, self.u, self.v = buffers.y[:rows], buffers.u[:chroma_rows], buffers.v[:chroma_rows]
+        self.blue, self.green, self.green_v, self.red = buffers.terms[:, :chroma_rows]
+        self.chroma = buffers.chroma[:chroma_rows]
+        self.luma = buffers.luma[:rows]
+        self.luma_even = buffers.luma[:even_rows]
+        self.sums = buffers.sums[:even_rows]
+        self.picture = buffers.sums[:rows]
+        # a block's chroma terms serve both of its rows: the even rows' sums, then the odd rows'
+        by_row = self.sums.reshape(chroma_rows, 2, width, 3)
+        self.row_sums = (by_row[:, 0], by_row[:, 1])
+        self.pixels = self.chroma.reshape(chroma_rows, -1, 3)[:, :width]
+
+    def convert(self, tables: Tables, luma: np.ndarray, u: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
+        """`out` (rows, width, 3) from `luma` (rows, width), `u` and `v` (half the rows, rounded up)."""
+        np.copyto(self.y, luma)
+        np.copyto(self.u, u)
+        np.copyto(self.v, v)
+        cv2.LUT(self.u, tables.blue_u, dst=self.blue)
+        cv2.LUT(self.u, tables.green_u, dst=self.green)
+        cv2.LUT(self.v, tables.green_v, dst=self.green_v)
+        cv2.add(self.green, self.green_v, dst=self.green)
+        cv2.LUT(self.v, tables.red_v, dst=self.red)
+        cv2.merge([self.blue, self.green, self.red] * 2, dst=self.chroma)
+        cv2.LUT(self.y, tables.luma, dst=self.luma)
+        cv2.merge([self.luma_even] * 3, dst=self.sums)
+        for row_sums in self.row_sums:
+            cv2.add(row_sums, self.pixels, dst=row_sums)
+        np.clip(self.picture, 0, 255, out=out, casting="unsafe")
+        if tables.final is not None:
+            flat = out.reshape(self.rows, -1)
+            cv2.LUT(flat, tables.final, dst=flat)
 
 
 class I420Converter:
-    """Converts one source's I420 frames; keeps the arrays a copied layout needs between frames
-    (one source, one thread, as every source)."""
+    """Converts one source's I420 frames; keeps the arrays of a strip between frames (one source,
+    one thread, as every source)."""
 
-    def __init__(self) -> None:
-        self._packed: np.ndarray | None = None  # the planes, copied into cv2's shape
-        self._padded: np.ndarray | None = None  # BGR of an odd-sized picture, one row/column more
-        self._chroma: list[np.ndarray] = []  # U and V repeated to full size (not BT.601)
-        self._yuv: np.ndarray | None = None  # Y, U, V interleaved (not BT.601)
-        self._pairs = np.empty((0, 0, 2), np.uint8)  # a chroma plane, each sample twice (not BT.601)
-        self._matrices: dict[Colorimetry, np.ndarray] = {}
+    def __init__(self, arithmetic: Arithmetic | None = None) -> None:
+        self.arithmetic = native_arithmetic() if arithmetic is None else arithmetic
+        self._buffers: _Buffers | None = None
+        self._strips: dict[int, _Strip] = {}  # by rows: a full strip, and a picture's last one
+        self._tables: dict[Colorimetry, Tables] = {}
 
     def to_bgr(self, data: Any, layout: PlaneLayout, colorimetry: Colorimetry = BT601,
                out: np.ndarray | None = None) -> np.ndarray:
         """The picture as (height, width, 3) BGR: into `out` when its shape fits (no allocation),
         else a new array. TypeError: the buffer is smaller than `layout`."""
         w, h = layout.width, layout.height
-        even_w, even_h = w + w % 2, h + h % 2
-        if is_packed(layout):
-            yuv = plane(data, layout.offsets[0], w, h * 3 // 2, w)
-        else:
-            yuv = self._pack(data, layout, even_w, even_h)
-        fits = out is not None and out.shape == (h, w, 3) and out.dtype == np.uint8
-        if (even_w, even_h) != (w, h):  # cv2 converts even sizes only: convert one more, cut it off
-            if self._padded is None or self._padded.shape != (even_h, even_w, 3):
-                self._padded = np.empty((even_h, even_w, 3), np.uint8)
-            self._convert(yuv, colorimetry, self._padded)
-            target = out if fits and out is not None else np.empty((h, w, 3), np.uint8)
-            np.copyto(target, self._padded[:h, :w])
-            return target
+        chroma_w, chroma_h = (w + 1) // 2, (h + 1) // 2
+        luma = plane(data, layout.offsets[0], layout.strides[0], h, w)
+        u = plane(data, layout.offsets[1], layout.strides[1], chroma_h, chroma_w)
+        v = plane(data, layout.offsets[2], layout.strides[2], chroma_h, chroma_w)
+        fits = out is not None and out.shape == (h, w, 3) and out.dtype == np.uint8 and out.flags.c_contiguous
         target = out if fits and out is not None else np.empty((h, w, 3), np.uint8)
-        self._convert(yuv, colorimetry, target)
+        tables = self._tables.get(colorimetry)
+        if tables is None:
+            tables = self._tables[colorimetry] = swscale_tables(colorimetry, self.arithmetic)
+        step = strip_rows(w)
+        for top in range(0, h, step):
+            bottom = min(h, top + step)
+            self._strip(w, bottom - top).convert(tables, luma[top:bottom], u[top // 2:(bottom + 1) // 2],
+                                                 v[top // 2:(bottom + 1) // 2], target[top:bottom])
         return target
 
-    def _convert(self, yuv: np.ndarray, colorimetry: Colorimetry, bgr: np.ndarray) -> None:
-        """cv2's (height * 3/2, width) I420 into `bgr`, (height, width, 3), even sizes."""
-        if colorimetry == BT601:
-            cv2.cvtColor(yuv, cv2.COLOR_YUV2BGR_I420, dst=bgr)
-            return
-        height, width = bgr.shape[:2]
-        if self._yuv is None or self._yuv.shape != bgr.shape:
-            self._yuv = np.empty(bgr.shape, np.uint8)
-            self._chroma = [np.empty((height, width), np.uint8) for _ in range(2)]
-            self._pairs = np.empty((height // 2, width // 2, 2), np.uint8)
-        chroma_size = width * height // 4
-        flat = yuv.reshape(-1)
-        for index, full in enumerate(self._chroma):
-            start = width * height + index * chroma_size
-            half = flat[start:start + chroma_size].reshape(height // 2, width // 2)
-            # each sample twice along its row, each row twice: a 2x2 block (8x faster than cv2.resize)
-            cv2.merge([half, half], dst=self._pairs)
-            np.copyto(full.reshape(height // 2, 2, width), self._pairs.reshape(height // 2, 1, width))
-        cv2.merge([yuv[:height], *self._chroma], dst=self._yuv)
-        matrix = self._matrices.get(colorimetry)
-        if matrix is None:
-            matrix = self._matrices[colorimetry] = bgr_matrix(colorimetry)
-        cv2.transform(self._yuv, matrix, dst=bgr)
-
-    def _pack(self, data: Any, layout: PlaneLayout, even_w: int, even_h: int) -> np.ndarray:
-        """The planes copied into cv2's (even_h * 3/2, even_w) shape; an odd size's extra row and
-        column repeat the last ones (I420's chroma planes already cover them)."""
-        w, h = layout.width, layout.height
-        shape = (even_h * 3 // 2, even_w)
-        if self._packed is None or self._packed.shape != shape:
-            self._packed = np.empty(shape, np.uint8)
-        packed = self._packed
-        luma = packed[:even_h]
-        luma[:h, :w] = plane(data, layout.offsets[0], layout.strides[0], h, w)
-        if w < even_w:
-            luma[:h, w] = luma[:h, w - 1]
-        if h < even_h:
-            luma[h] = luma[h - 1]
-        chroma_w, chroma_h = even_w // 2, even_h // 2
-        flat = packed.reshape(-1)
-        for index in (1, 2):
-            start = even_w * even_h + (index - 1) * chroma_w * chroma_h
-            target = flat[start:start + chroma_w * chroma_h].reshape(chroma_h, chroma_w)
-            target[:] = plane(data, layout.offsets[index], layout.strides[index], chroma_h, chroma_w)
-        return packed
+    def _strip(self, width: int, rows: int) -> _Strip:
+        if self._buffers is None or self._buffers.width != width:
+            self._buffers, self._strips = _Buffers(width), {}
+        strip = self._strips.get(rows)
+        if strip is None:
+            strip = self._strips[rows] = _Strip(self._buffers, rows)
+        return strip

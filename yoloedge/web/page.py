@@ -143,6 +143,7 @@ function showCamera(card, cam) {
                  "latency p50 " + num(cam.latency_p50_ms, 0, " ms") + ", p99 " + num(cam.latency_p99_ms, 0, " ms"),
                  "published " + (cam.published ?? 0), "dropped " + (cam.drops ?? 0)];
   if (cam.error) parts.push("error: " + cam.error);
+  else if (cam.last_error) parts.push("last error (" + (cam.last_error_at ?? "?") + "): " + cam.last_error);
   card.fields.textContent = parts.join(" \\u00b7 ");
   card.fields.className = state === "streaming" ? "ok" : "dim";
   const published = typeof cam.published === "number" ? cam.published : 0;
