@@ -275,7 +275,8 @@ def _probe(clip: str, cameras: int, seconds: float, decode_threads: int) -> dict
 def report(opts: Options, baseline: ProcSample, rows: list[Row], missing: list[str], source: str | None) -> str:
     made = f"; clips made from {os.path.basename(source)}" if source else ""
     lines = [
-        f"yoloedge bench memory: {opts.cameras} file cameras per clip at fps {opts.fps:g}, decode_threads "
+        f"yoloedge bench memory: {opts.cameras} file camera{'s' if opts.cameras != 1 else ''} per clip at fps "
+        f"{opts.fps:g}, decode_threads "
         f"{opts.decode_threads}, RSS after {opts.seconds:g} s{made}",
         f"  host: {os.cpu_count()} cores; the daemon without cameras: {baseline.rss_mb:.1f} MB RSS, "
         f"{baseline.threads} threads",
