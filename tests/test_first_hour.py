@@ -206,7 +206,7 @@ def test_every_bench_kind_has_a_description():
     bench = dict(_subparsers(build_parser()))["bench"]
     assert bench.description
     kinds = dict(_subparsers(bench))
-    assert {"micro", "model", "pipeline", "e2e", "clip", "decode"} <= set(kinds)
+    assert {"micro", "model", "pipeline", "e2e", "clip", "decode", "memory"} <= set(kinds)
     for name, parser in kinds.items():
         assert parser.description and len(parser.description) > 30, name
         assert parser.format_help().count(parser.description.split()[0]) >= 1

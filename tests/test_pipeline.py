@@ -114,6 +114,26 @@ def test_intake_queues_the_resized_picture_and_recycles_dropped_buffers():
     assert item.image.shape == (36, 64, 3) and item.geometry.src_w == 1920 and item.image[0, 0, 2] == 255
 
 
+def test_intake_allocates_only_as_many_pictures_as_are_in_flight_at_once():
+    """The ring is sized for the worst case (5 here), but a camera whose pictures are placed as
+    fast as they come needs one: the buffer given back last is taken next, so no other is made."""
+    q = FrameQueue("a", 2, lossless=False)
+    intake = CameraIntake(q, Resizer(64, 64), ring=CameraIntake.ring_size(2, preparers=2))
+    big = frame("a", 0, RED, size=(1080, 1920))
+    seen = set()
+    for i in range(20):  # a preparer that keeps up: each picture is placed before the next frame
+        assert intake(Frame("a", i, big.image, 0.0, 0.0), 0.1)
+        item = q.get_nowait()
+        seen.add(item.image.ctypes.data)
+        item.release()
+    assert len(seen) == 1 and intake.buffers() == 1
+    held = [intake(Frame("a", 100 + i, big.image, 0.0, 0.0), 0.1) and q.get_nowait() for i in range(3)]
+    assert intake.buffers() == 3  # three in flight at once (two preparers and the queue): three buffers
+    for item in held:
+        item.release()
+    assert intake.buffers() == 3 and intake.grown == 0
+
+
 def test_intake_on_a_full_lossless_queue_returns_false_without_resizing():
     q = FrameQueue("a", 1, lossless=True)
     intake = CameraIntake(q, Resizer(64, 64), ring=3)

@@ -24,7 +24,7 @@ from test_daemon import base_config, detections_by_frame
 from yoloedge.control.client import request
 from yoloedge.control.server import ControlServer
 from yoloedge.control.watch import WatchHub
-from yoloedge.pipeline.snapshots import SnapshotMiss, SnapshotStore
+from yoloedge.pipeline.snapshots import Snapshot, SnapshotMiss, SnapshotStore
 from yoloedge.postprocess import Detections
 from yoloedge.sources.frame import Frame
 
@@ -250,7 +250,7 @@ def _frame(image: np.ndarray, seq: int) -> Frame:
 
 def test_snapshot_store_copies_at_a_bounded_rate_and_allocates_nothing_per_frame():
     now = [0.0]
-    store = SnapshotStore(copies_per_s=2.0, clock=lambda: now[0])
+    store = SnapshotStore(copies_per_s=2.0, clock=lambda: now[0], watch_s=float("inf"))
     store.add("cam")
     assert store.latest("cam") is SnapshotMiss.NO_FRAME_YET and store.latest_jpeg("cam") is None
     assert store.latest("other") is SnapshotMiss.UNKNOWN_CAMERA and not store.known("other")
@@ -308,6 +308,66 @@ def test_snapshot_jpeg_has_the_frame_size_and_the_boxes():
     rows, cols = edge_pixels([40, 60, 200, 180], 320, 240)
     assert diff[rows, cols].mean() > 40
     assert diff[200:236, 240:316].mean() < 4  # away from the box and its label
+
+
+def test_an_unwatched_camera_keeps_a_jpeg_not_frames_until_its_snapshot_is_asked_for():
+    """Two frame-sized buffers per camera were 12.4 MB at 1080p whether anyone looked or not.
+    Unwatched, one frame every idle_interval_s is kept as a JPEG; asking makes the camera watched
+    (full copies at copies_per_s, at once), and watch_s after the last request the buffers go."""
+    from yoloedge.sources.capture import textured_frame
+
+    now = [0.0]
+    store = SnapshotStore(copies_per_s=2.0, clock=lambda: now[0], watch_s=60.0, idle_interval_s=10.0)
+    store.add("cam")
+    image = textured_frame(1280, 720)
+    dets = Detections(np.array([[100, 100, 400, 500]], np.float32), np.array([0.9], np.float32),
+                      np.array([0], np.int32), 1280, 720)
+    seq = [0]
+
+    def run(seconds: float) -> set[int]:
+        """Frames at 8 fps, each published; the snapshots' frame numbers."""
+        shown = set()
+        for _ in range(int(seconds * 8)):
+            store.offer(_frame(image, seq[0]))
+            store.published("cam", seq[0], float(seq[0]), 1000.0 + seq[0], dets, ("person",))
+            shown.add(store._cameras["cam"].seq)
+            seq[0] += 1
+            now[0] += 0.125
+        return shown
+
+    assert run(30) == {0, 80, 160}  # one keepsake every 10 s, from the first frame on
+    assert store.allocations("cam") == 0 and store.raw_bytes("cam") == 0
+    first = store.latest("cam")  # answered at once, from the keepsake
+    assert isinstance(first, Snapshot) and first.seq == 160 and (first.width, first.height) == (1280, 720)
+    shot = cv2.imdecode(np.frombuffer(first.jpeg, np.uint8), cv2.IMREAD_COLOR).astype(np.int16)
+    assert np.abs(shot[600:700, 600:1200] - image[600:700, 600:1200]).mean() < 4  # away from the box
+    rows, cols = edge_pixels([100, 100, 400, 500], 1280, 720)
+    assert np.abs(shot - image).max(axis=2)[rows, cols].mean() > 40
+
+    watched = run(20)  # watched: the next frame at once, then 2 a second, in two buffers
+    assert min(watched - {160}) == 240 and len(watched - {160}) == 40
+    assert store.allocations("cam") == 2 and store.raw_bytes("cam") == 2 * image.nbytes
+    fresh = store.latest("cam")
+    assert isinstance(fresh, Snapshot) and fresh.seq == max(watched)
+
+    run(61)  # 60 s after the last request: back to keepsakes, the buffers freed
+    assert store.raw_bytes("cam") == 0 and store.allocations("cam") == 2
+    assert store.latest("cam").seq > max(watched)
+
+
+def test_a_keepsake_of_a_camera_that_stopped_stays_its_snapshot():
+    """A camera that ended or went silent still shows its last kept frame."""
+    now = [0.0]
+    store = SnapshotStore(clock=lambda: now[0])
+    store.add("cam")
+    image = np.full((240, 320, 3), 90, np.uint8)
+    dets = Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32), 320, 240)
+    store.offer(_frame(image, 3))
+    store.published("cam", 3, 3.0, 1003.0, dets, ("person",))
+    now[0] += 3600
+    snap = store.latest("cam")
+    assert isinstance(snap, Snapshot) and snap.seq == 3 and snap.detections == []
+    assert store.raw_bytes("cam") == 0
 
 
 def test_a_stuck_watcher_never_blocks_publishing_nor_status(tmp_path):

@@ -47,6 +47,7 @@ class CameraIntake:
         self.queue = queue
         self.resizer = resizer
         self._free: collections.deque[Resized] = collections.deque(Resized(self) for _ in range(ring))
+        self._ring = ring
         self.grown = 0
         queue.on_drop = self.release
 
@@ -63,13 +64,19 @@ class CameraIntake:
 
     def _take(self) -> Resized:
         try:
-            return self._free.popleft()
+            return self._free.pop()
         except IndexError:
             self.grown += 1
             return Resized(self)
 
     def release(self, item: Resized) -> None:
         self._free.append(item)
+
+    def buffers(self) -> int:
+        """Picture buffers allocated so far (the entries free now that have one, and those in use)."""
+        free = list(self._free)
+        idle = sum(1 for item in free if item.image is not None)
+        return idle + self._ring - len(free) + self.grown
 
     @staticmethod
     def ring_size(queue_size: int, preparers: int) -> int:

@@ -11,10 +11,15 @@ release while another thread is inside read(), so the reader never shares one.
 FFmpeg decodes files and network streams with `decode_threads` threads per camera (default 1).
 OpenCV's own default is one decoder thread per CPU core (at most 16) for every capture; with frame
 threading each of those threads holds its own decoded pictures, and a decoder of N threads hands
-out a frame only N-1 frames late. On a 2-core box a 1080p H.264 camera then costs 3 more threads
-and 4-7 MB more memory than with one thread, and both grow with the core count. An appliance reads
-many cameras at once, so the parallelism comes from the cameras, not from inside one decoder; one
-thread decodes 1080p H.264 at about 200 frames/s on an x86 core.
+out a frame only N-1 frames late. On a 2-core box a 1080p camera sampled to 5 fps then costs 3 more
+threads and 10-20 MB more memory than with one thread (`yoloedge bench memory --decode-threads 0`),
+and both grow with the core count. An appliance reads many cameras at once, so the parallelism
+comes from the cameras, not from inside one decoder; one thread decodes 1080p H.264 at 110-120
+frames/s on a shared x86 core, 4K at about 30 (`yoloedge bench decode --decode-threads 1,2,4`).
+
+What a capture holds, at 1080p: the decoder's reference and reordered pictures (3.1 MB each; 3 for
+a stream without B-frames, 7 with them), OpenCV's own BGR picture and swscale context (7.2 MB), and
+the BGR array it copies that picture into -- with `reuse_frame` the same array for every read.
 """
 
 from __future__ import annotations
