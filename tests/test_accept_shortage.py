@@ -58,7 +58,14 @@ else:
     request = b'{"cmd": "status"}\n'
 
 
-def exchange(data):
+# The client runs in a process of its own, as a real one does: started now, it has descriptors
+# whatever this process is short of, and the server's own use of a freed slot cannot take its.
+CLIENT = r'''
+import json, socket, sys
+family, address = int(sys.argv[1]), json.loads(sys.argv[2])
+address = tuple(address) if isinstance(address, list) else address
+for line in sys.stdin:
+    data = json.loads(line).encode("latin-1")
     # "hung" when the server neither answers nor closes within 10 s
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.settimeout(10)
@@ -71,14 +78,26 @@ def exchange(data):
         while True:
             chunk = sock.recv(65536)
             if not chunk:
-                return b"".join(chunks).decode("utf-8", "replace")
+                reply = b"".join(chunks).decode("utf-8", "replace")
+                break
             chunks.append(chunk)
     except socket.timeout:
-        return "hung"
+        reply = "hung"
     except ConnectionResetError:
-        return "reset"
+        reply = "reset"
     finally:
         sock.close()
+    print(json.dumps(reply), flush=True)
+'''
+import subprocess
+client = subprocess.Popen([sys.executable, "-c", CLIENT, str(int(family)), json.dumps(address)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def exchange(data):
+    client.stdin.write(json.dumps(data.decode("latin-1")) + "\n")
+    client.stdin.flush()
+    return json.loads(client.stdout.readline())
 
 
 before = exchange(request)  # served while there are descriptors
@@ -90,7 +109,6 @@ while True:
         fillers.append(os.open(os.devnull, os.O_RDONLY))
     except OSError:
         break
-os.close(fillers.pop())  # room for this process's client socket, and nothing else
 
 replies = []
 for _ in range(attempts):
@@ -107,6 +125,8 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 clock.now += step
 wake()
 after = exchange(request)
+client.stdin.close()
+client.wait()
 print(json.dumps({"before": before, "replies": replies, "after": after, "stats_short": stats_short,
                   "stats_after": server.acceptor.stats(), "span_s": attempts * step}))
 sys.stdout.flush()
