@@ -255,14 +255,15 @@ class Daemon:
     def _add_camera(self, camera: CameraConfig) -> None:
         group = self._group_for(camera)
         self._warn_unknown_classes(camera, group)
-        queue = reader = None
+        intake = queue = reader = None
         failed = None if group.serving else f"accelerator {group.name} did not start"
         if camera.enabled and failed is None:
             intake = group.add_camera(camera.name, queue_size_for(camera, group.config.batch), is_lossless(camera))
             queue = intake.queue
             reader = CameraReader(camera, self.snapshots.tap(camera.name, intake),
                                   self.config.health.stall_timeout_s, self.results.camera_state, reuse_frames=True)
-        runtime = CameraRuntime(camera, group.name, queue, reader, failed=failed if camera.enabled else None)
+        runtime = CameraRuntime(camera, group.name, queue, reader, failed=failed if camera.enabled else None,
+                                intake=intake)
         self.snapshots.add(camera.name)
         with self._lock:
             self.cameras[camera.name] = runtime
@@ -295,6 +296,7 @@ class Daemon:
         if not runtime.join(self.config.shutdown_timeout_s):
             log.warning("camera %s reader did not stop in time", name, extra={"camera": name})
         dropped = self.groups[runtime.group].batcher.remove_camera(name)
+        runtime.close()  # its pictures go now, not when a lingering capture thread lets go
         if dropped:
             log.info("camera %s removed with %d queued frame(s) discarded", name, dropped, extra={"camera": name})
         if clear_state and self.publisher is not None:
