@@ -10,6 +10,7 @@ on the demo model, real synthetic cameras; no MQTT broker is needed for this):
 from __future__ import annotations
 
 import gc
+import threading
 import time
 import tracemalloc
 import weakref
@@ -21,6 +22,7 @@ from daemon_harness import write_config
 from yoloedge import demo
 from yoloedge.config.loader import load_config
 from yoloedge.daemon import Daemon
+from yoloedge.heap import release_free_heap, resident_bytes
 from yoloedge.pipeline.intake import Resized
 
 #: cameras per reload, and their (synthetic) frame size
@@ -99,3 +101,33 @@ def test_a_reload_that_removes_cameras_frees_their_pictures_without_the_cyclic_c
     finally:
         tracemalloc.stop()
         gc.enable()
+
+
+def free_memory_in_a_thread_arena(megabytes: int) -> bytearray:
+    """Allocate and free `megabytes` in 100 kB pieces (from the heap, not mmap) on another thread,
+    as camera threads do; the piece returned (allocated last) keeps the allocator from handing
+    the rest back on its own."""
+    kept: list[bytearray] = []
+
+    def work() -> None:
+        pieces = [bytearray(100_000) for _ in range(megabytes * 10)]
+        kept.append(pieces[-1])
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    return kept[0]
+
+
+def test_a_reload_that_removes_cameras_returns_the_freed_memory_to_the_system(daemon, tmp_path):
+    if resident_bytes() is None or release_free_heap() is None:
+        pytest.skip("needs /proc and glibc's malloc_trim")
+    reload_with(daemon, tmp_path, CAMERAS)
+    wait_for(lambda: all(c.reader.stats()["frames_out"] > 0 for c in daemon.cameras.values()),
+             what="frames from every camera")
+    pin = free_memory_in_a_thread_arena(200)
+    before = resident_bytes()
+    reload_with(daemon, tmp_path, 0)
+    dropped = before - resident_bytes()
+    assert dropped > 150 * 2**20, f"RSS went down by {dropped / 2**20:.0f} MB only"
+    assert len(pin) == 100_000

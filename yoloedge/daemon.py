@@ -36,6 +36,7 @@ from .config.schema import CameraConfig, Config, MqttConfig
 from .control.instance import AlreadyRunning, ControlServerError, InstanceLock
 from .control.server import ControlServer, unexpected_fields
 from .control.watch import WatchHub
+from .heap import release_free_heap
 from .health.logsetup import redact_text
 from .health.notify import SystemdNotifier, watchdog_interval_s
 from .health.progress import Problem, ProgressTracker
@@ -115,6 +116,7 @@ class Daemon:
         self._reloads_finished = 0
         self._reload_outcome: tuple[int, str | None] = (self.generation, None)  # of the last attempt
         self.instance = InstanceLock(config.control.socket)
+        self._cameras_removed = 0  # by reloads (and their roll-backs): see `_give_back_memory`
         self._signals = 0
         self._lock = threading.RLock()  # guards cameras/publisher against the control thread
         self.watchers = WatchHub()  # `yoloedge-ctl watch` subscriptions
@@ -297,6 +299,7 @@ class Daemon:
             log.warning("camera %s reader did not stop in time", name, extra={"camera": name})
         dropped = self.groups[runtime.group].batcher.remove_camera(name)
         runtime.close()  # its pictures go now, not when a lingering capture thread lets go
+        self._cameras_removed += 1
         if dropped:
             log.info("camera %s removed with %d queued frame(s) discarded", name, dropped, extra={"camera": name})
         if clear_state and self.publisher is not None:
@@ -354,6 +357,7 @@ class Daemon:
         self.notifier.reloading()
         with self._reload_done:
             self._reloads_started += 1
+        removed_before = self._cameras_removed
         try:
             new = load_config(self.config_path, self.environ)
             self._check_reloadable(new)
@@ -368,12 +372,22 @@ class Daemon:
             self.generation += 1
             self.config_error = None
             log.info("configuration reloaded: generation %d", self.generation)
+        if self._cameras_removed != removed_before:
+            self._give_back_memory()
         self.state = DaemonState.RUNNING
         self.notifier.ready(self._status_line())
         with self._reload_done:
             self._reloads_finished += 1
             self._reload_outcome = (self.generation, self.config_error)
             self._reload_done.notify_all()
+
+    @staticmethod
+    def _give_back_memory() -> None:
+        """Removed cameras' frames are freed, but the C allocator keeps the pages (see `heap`)."""
+        released = release_free_heap()
+        if released:
+            log.info("reload: %.0f MB of memory freed by removed cameras returned to the system",
+                     released / 2**20)
 
     def _reject(self, reason: str) -> None:
         self.config_error = reason
