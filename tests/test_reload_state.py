@@ -23,6 +23,7 @@ from yoloedge import demo
 from yoloedge.config.loader import load_config
 from yoloedge.daemon import Daemon
 from yoloedge.heap import release_free_heap, resident_bytes
+from yoloedge.publish.mqtt import MqttPublisher
 from yoloedge.pipeline.intake import Resized
 
 #: cameras per reload, and their (synthetic) frame size
@@ -94,6 +95,9 @@ def test_a_reload_that_removes_cameras_frees_their_pictures_without_the_cyclic_c
             reload_with(daemon, tmp_path, 0)
             alive = sum(1 for ref in pictures if ref() is not None)
             assert alive == 0, f"cycle {cycle}: {alive} of {len(pictures)} pictures of removed cameras still held"
+            # a capture thread may still sit in its last read, holding that one frame: let it end
+            wait_for(lambda: not any(t.name.startswith("camera-") for t in threading.enumerate()),
+                     what="the camera threads' end")
             held_after.append(tracemalloc.get_traced_memory()[0])
         picture_bytes = FRAME[0] * FRAME[1] * 3  # one frame: far less than one camera's pictures
         # memory held with no camera does not grow with the number of reloads
@@ -131,3 +135,66 @@ def test_a_reload_that_removes_cameras_returns_the_freed_memory_to_the_system(da
     dropped = before - resident_bytes()
     assert dropped > 150 * 2**20, f"RSS went down by {dropped / 2**20:.0f} MB only"
     assert len(pin) == 100_000
+
+
+class SwappedUnderfoot(Daemon):
+    """A daemon whose MQTT client a reload on another thread swaps (client <-> None) right after
+    each read of `publisher` by the status thread: the race's window, made as wide as it gets and
+    hit every time, with no reliance on timing."""
+
+    def __init__(self, *args, **kwargs):
+        self._publisher = None
+        self.status_thread: threading.Thread | None = None
+        self.was_read, self.swapped = threading.Event(), threading.Event()
+        super().__init__(*args, **kwargs)
+
+    @property
+    def publisher(self):
+        value = self._publisher
+        if threading.current_thread() is self.status_thread:
+            self.was_read.set()
+            assert self.swapped.wait(30), "the swapping thread did not answer"
+            self.swapped.clear()
+        return value
+
+    @publisher.setter
+    def publisher(self, value):
+        self._publisher = value
+
+
+def test_status_never_trips_over_the_mqtt_client_a_reload_is_replacing(tmp_path):
+    path = write_config(tmp_path / "yoloedge.yaml", config_dict(tmp_path, 0))
+    config = load_config(str(path), {})
+    daemon = SwappedUnderfoot(config, str(path), {})
+    client = MqttPublisher(config.mqtt, config.device_id, "test")  # never started: stats() only
+    daemon.publisher = client
+    done = threading.Event()
+
+    def swap() -> None:  # what `_replace_publisher` does to the attribute: the client goes, a client comes
+        while not done.is_set():
+            if daemon.was_read.wait(0.05):
+                daemon.was_read.clear()
+                daemon._publisher = None if daemon._publisher is not None else client
+                daemon.swapped.set()
+
+    errors: list[BaseException] = []
+    mqtt_sections: list[dict] = []
+
+    def ask() -> None:
+        try:
+            for _ in range(10):
+                mqtt_sections.append(daemon.status()["mqtt"])
+                assert daemon._status_line().endswith("mqtt disconnected")
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            errors.append(exc)
+
+    swapper = threading.Thread(target=swap)
+    daemon.status_thread = threading.Thread(target=ask)
+    swapper.start()
+    daemon.status_thread.start()
+    daemon.status_thread.join(60)
+    done.set()
+    swapper.join(10)
+    assert not errors, repr(errors[0])
+    assert len(mqtt_sections) == 10
+    assert {} in mqtt_sections and any(m.get("broker") for m in mqtt_sections)  # it did change underfoot

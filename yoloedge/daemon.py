@@ -118,8 +118,12 @@ class Daemon:
         self.instance = InstanceLock(config.control.socket)
         self._cameras_removed = 0  # by reloads (and their roll-backs): see `_give_back_memory`
         self._signals = 0
-        self._lock = threading.RLock()  # guards cameras/publisher against the control thread
+        #: guards `cameras` and `publisher` against the control and HTTP threads: a reload that
+        #: changes the MQTT settings sets `publisher` to None, then to the new client, so other
+        #: threads take one reference under it (`_current_publisher`) and never read it twice
+        self._lock = threading.RLock()
         self.watchers = WatchHub()  # `yoloedge-ctl watch` subscriptions
+        # one plain read per frame (no lock on the frames' path): a single read cannot see it change
         self.results = ResultPublisher(self.cameras, lambda: self.publisher, config.model.path,
                                        snapshots=self.snapshots, watch=self.watchers.publish)
 
@@ -225,10 +229,18 @@ class Daemon:
         return Meters(cameras, [(g.name, w) for g in self.groups.values() for w in g.workers])
 
     def _start_publisher(self, cfg: Config) -> MqttPublisher:
-        self.publisher = publisher = MqttPublisher(cfg.mqtt, cfg.device_id, __version__,
-                                                   discovery=self.discovery)
+        publisher = MqttPublisher(cfg.mqtt, cfg.device_id, __version__, discovery=self.discovery)
+        self._set_publisher(publisher)
         publisher.start()
         return publisher
+
+    def _current_publisher(self) -> MqttPublisher | None:
+        with self._lock:
+            return self.publisher
+
+    def _set_publisher(self, publisher: MqttPublisher | None) -> None:
+        with self._lock:
+            self.publisher = publisher
 
     def _start_accelerators(self, cfg: Config) -> bool:
         # Built whole, then published: `status()` answers from the control thread meanwhile, and
@@ -269,8 +281,9 @@ class Daemon:
         self.snapshots.add(camera.name)
         with self._lock:
             self.cameras[camera.name] = runtime
-        if self.publisher is not None:  # before its first state: Home Assistant discovery
-            self.publisher.announce_camera(camera.name, camera.classes)
+            publisher = self.publisher
+        if publisher is not None:  # before its first state: Home Assistant discovery
+            publisher.announce_camera(camera.name, camera.classes)
         if reader is None:
             self.results.camera_state(camera.name, runtime.state, failed or "enabled: false")
         runtime.start()
@@ -302,8 +315,9 @@ class Daemon:
         self._cameras_removed += 1
         if dropped:
             log.info("camera %s removed with %d queued frame(s) discarded", name, dropped, extra={"camera": name})
-        if clear_state and self.publisher is not None:
-            self.publisher.clear_camera(name)
+        publisher = self._current_publisher()
+        if clear_state and publisher is not None:
+            publisher.clear_camera(name)
 
     # -- main loop ---------------------------------------------------------------------------
     def _main_loop(self) -> None:
@@ -330,7 +344,7 @@ class Daemon:
             if now - last_status >= self.config.health.status_interval_s:
                 self.notifier.status(self._status_line())
                 last_status = now
-            publisher = self.publisher
+            publisher = self._current_publisher()
             if publisher is not None and now - last_stats >= self.config.mqtt.stats_interval_s:
                 publisher.publish_stats(self._stats_message())
                 last_stats = now
@@ -339,10 +353,11 @@ class Daemon:
     def _status_line(self) -> str:
         with self._lock:
             cameras = list(self.cameras.values())
+            publisher = self.publisher
         streaming = sum(1 for c in cameras if c.state is CameraState.STREAMING)
         enabled = sum(1 for c in cameras if c.config.enabled)
         rate = sum(w.frames_done.rate() for g in self.groups.values() for w in g.workers)
-        mqtt = "connected" if self.publisher and self.publisher.stats().get("connected") else "disconnected"
+        mqtt = "connected" if publisher is not None and publisher.stats().get("connected") else "disconnected"
         problems = self.tracker.check()
         health = f", PROBLEM: {problems[0]}" if problems else ""
         return (f"{self.state}: {streaming}/{enabled} cameras streaming, {rate:.1f} frames/s, "
@@ -492,17 +507,17 @@ class Daemon:
         log.info("reload: MQTT settings changed, reconnecting")
         # The old client goes first: both would use the same client id, and the broker would
         # bounce the connection between them (and fire the Last Will) while both lived.
-        old = self.publisher
+        old = self._current_publisher()
         if old is not None:
             try:
                 old.stop(timeout_s=5.0, final_status=None)
             except Exception:  # stop() logs its own failures; this guards the reload regardless
                 log.exception("reload: stopping the MQTT client failed; replacing it anyway")
-        self.publisher = None  # results and states wait (dropped) until a client runs again
+        self._set_publisher(None)  # results and states wait (dropped) until a client runs again
         try:
-            self.publisher = self._online_publisher(settings)
+            self._set_publisher(self._online_publisher(settings))
         except Exception:
-            self.publisher = self._online_publisher(fallback)
+            self._set_publisher(self._online_publisher(fallback))
             raise
 
     def _online_publisher(self, settings: MqttConfig) -> MqttPublisher:
@@ -558,7 +573,8 @@ class Daemon:
                 entry["healthy"] = (w.state is WorkerState.RUNNING
                                     and not any(p.source == w.worker_name for p in problems))
                 accelerators.append(entry)
-        mqtt = self.publisher.stats() if self.publisher else {}
+        publisher = self._current_publisher()  # once: a reload may replace it meanwhile
+        mqtt = publisher.stats() if publisher is not None else {}
         return {
             "ok": True,
             "daemon": {
@@ -592,7 +608,8 @@ class Daemon:
                 if (cam.config.enabled and cam.state in UNHEALTHY_CAMERA_STATES
                         and not cam.first_connection(now)):
                     problems.append(Problem(f"camera {cam.name}", str(cam.state)))
-        mqtt = self.publisher.stats() if self.publisher is not None else None
+        publisher = self._current_publisher()
+        mqtt = publisher.stats() if publisher is not None else None
         if mqtt is not None and not mqtt.get("connected"):
             problems.append(Problem("mqtt", "not connected to the broker"))
         elif mqtt is not None and mqtt.get("ack_stalled"):  # connected, yet nothing arrives
@@ -635,8 +652,9 @@ class Daemon:
             group.stop_workers(max(0.5, deadline - time.monotonic()))
         for group in self.groups.values():
             group.stop_post(max(0.5, deadline - time.monotonic()))
-        if self.publisher is not None:
-            self.publisher.stop(timeout_s=max(1.0, deadline - time.monotonic()), final_status="stopped")
+        publisher = self._current_publisher()
+        if publisher is not None:
+            publisher.stop(timeout_s=max(1.0, deadline - time.monotonic()), final_status="stopped")
         self.http.stop()
         if self.control is not None:
             self.control.stop()
