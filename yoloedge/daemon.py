@@ -10,9 +10,11 @@ Start-up order: control socket (so `yoloedge-ctl status` answers while models lo
 (bounded by `shutdown_timeout_s`), stop the preparers, stop the device workers (each frees its
 device on its own thread), stop post-processing, publish `stopped`, disconnect, close the socket.
 
-Signal handlers only set flags; the main loop acts on them. SIGHUP reloads the configuration:
+Signals only set flags (on a thread of their own, see `health.signals`); the main loop acts on
+them. SIGHUP reloads the configuration:
 cameras and MQTT settings change without touching models or devices; an invalid file is
-rejected and the running configuration stays.
+rejected and the running configuration stays. SIGUSR1 writes the status to the log; signals
+that would otherwise kill the daemon silently are ignored with a log line (`health.signals`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Callable, Mapping
 
 from . import __version__
 from .backends.ort_install import config_clash
+from .cli.ctl import format_status
 from .config.errors import ConfigError, ConfigIssue
 from .config.loader import load_config
 from .config.schema import CameraConfig, Config, MqttConfig
@@ -40,6 +43,7 @@ from .heap import release_free_heap
 from .health.logsetup import redact_text
 from .health.notify import SystemdNotifier, watchdog_interval_s
 from .health.progress import Problem, ProgressTracker
+from .health.signals import SIGNAL_ACTIONS, SignalAction, SignalDispatcher, SignalInbox, signal_name
 from .pipeline.cameras import CameraRuntime, is_lossless, queue_size_for
 from .pipeline.groups import AcceleratorGroup
 from .pipeline.results import ResultPublisher
@@ -117,7 +121,9 @@ class Daemon:
         self._reload_outcome: tuple[int, str | None] = (self.generation, None)  # of the last attempt
         self.instance = InstanceLock(config.control.socket)
         self._cameras_removed = 0  # by reloads (and their roll-backs): see `_give_back_memory`
-        self._signals = 0
+        self._signals = 0  # stop signals received
+        self._signal_inbox = SignalInbox()  # signals that neither stop nor reload, for the main loop
+        self._cpu_limit = False  # SIGXCPU: stopping because the CPU time limit is reached
         #: guards `cameras` and `publisher` against the control and HTTP threads: a reload that
         #: changes the MQTT settings sets `publisher` to None, then to the new client, so other
         #: threads take one reference under it (`_current_publisher`) and never read it twice
@@ -140,10 +146,11 @@ class Daemon:
             log.error("not starting: %s", exc)
             return EXIT_ALREADY_RUNNING
         try:
-            return self._run()
+            code = self._run()
         finally:
             self._shutdown()
             self.instance.release()
+        return EXIT_FAILURE if self._cpu_limit else code
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -153,22 +160,50 @@ class Daemon:
 
     # -- signals -----------------------------------------------------------------------------
     def _install_signal_handlers(self) -> None:
-        """Install the handlers, then unblock their signals.
+        """Hand the daemon's signals to a dispatcher thread (`health.signals`), then unblock them.
 
-        `yoloedge run` blocks these from its first line (cli.main) so that a SIGHUP or SIGTERM
-        during imports and config loading waits instead of killing the process; unblocking here
-        delivers it: a pending stop stops the start-up, a pending reload is applied once running.
+        `yoloedge run` blocks these from its first line (cli.main) so that a signal during
+        imports and config loading waits instead of killing the process; unblocking here
+        delivers it: a pending stop stops the start-up, a pending reload is applied once
+        running, the others are acted on (logged) then. Besides the stop and reload signals,
+        only signals still at their default are taken over (see `health.signals`).
         """
-        handlers = {signal.SIGTERM: self._on_stop_signal, signal.SIGINT: self._on_stop_signal,
-                    signal.SIGHUP: self._on_reload_signal}
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, handlers)
+        SignalDispatcher(self._on_signal).install(
+            signum for signum, action in SIGNAL_ACTIONS.items()
+            if action in (SignalAction.STOP, SignalAction.RELOAD) or signal.getsignal(signum) is signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNAL_ACTIONS)
 
-    def _on_reload_signal(self, signum, frame) -> None:
-        self._reload.set()
+    def _on_signal(self, signum: int) -> None:
+        """The signal thread, once per signal: stop and reload set their flags, the others are
+        counted for the main loop to log (`_act_on_signals`)."""
+        action = SIGNAL_ACTIONS.get(signum, SignalAction.IGNORE)
+        if action is SignalAction.STOP:
+            self._on_stop_signal()
+        elif action is SignalAction.RELOAD:
+            self._reload.set()
+        else:
+            self._signal_inbox.record(signum)  # before the stop below: the shutdown logs it
+            if action is SignalAction.CPU_LIMIT:
+                # sent again every CPU second until the hard limit's SIGKILL: not a second stop
+                self._cpu_limit = True
+                self._stop.set()
 
-    def _on_stop_signal(self, signum, frame) -> None:
+    def _act_on_signals(self, flush: bool = False) -> None:
+        """The main loop's side of the signals that are only counted: log them (SIGUSR1: the status)."""
+        for signum, count in self._signal_inbox.due(flush):
+            name = signal_name(signum)
+            times = f" ({count} times)" if count > 1 else ""
+            action = SIGNAL_ACTIONS.get(signum)
+            if action is SignalAction.LOG_STATUS:
+                log.info("%s%s: status follows\n%s", name, times, format_status(self.status()))
+            elif action is SignalAction.CPU_LIMIT:
+                log.error("%s: the CPU time limit (LimitCPU=, ulimit -t) is reached; stopping cleanly "
+                          "before the kernel kills the daemon", name)
+            else:
+                log.warning("received %s%s: ignored (SIGHUP reloads, SIGTERM stops, SIGUSR1 logs the status)",
+                            name, times)
+
+    def _on_stop_signal(self) -> None:
         self._signals += 1
         if self._signals > 1:
             os.write(2, b"yoloedge: second signal, exiting immediately\n")
@@ -326,6 +361,7 @@ class Daemon:
         withheld = False  # pings are being withheld and that was logged: say it once, not per tick
         while not self._stop.is_set():
             now = time.monotonic()
+            self._act_on_signals()
             if self._reload.is_set():
                 self._reload.clear()
                 self._do_reload()
@@ -635,6 +671,7 @@ class Daemon:
         if self.state is DaemonState.STOPPED:
             return
         self.state = DaemonState.STOPPING
+        self._act_on_signals(flush=True)  # e.g. the SIGXCPU that stops it
         deadline = time.monotonic() + self.config.shutdown_timeout_s
         self.notifier.stopping("stopping: draining")
         log.info("stopping: readers, then draining queued frames (up to %.1f s)", self.config.shutdown_timeout_s)
