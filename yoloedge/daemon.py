@@ -68,6 +68,10 @@ EXIT_ALREADY_RUNNING = 73
 #: how long a `reload` request waits for its attempt before answering "still running".
 RELOAD_WAIT_S = 30.0
 TICK_S = 0.1
+#: a removed camera's capture thread still in a read holds its last frame until the read returns
+#: (a frozen camera: up to a few read timeouts); the freed heap goes back once all have ended,
+#: or after this long regardless
+RELEASE_WAIT_S = 30.0
 #: camera states that make the daemon report a problem (for an enabled camera)
 UNHEALTHY_CAMERA_STATES = frozenset({CameraState.STALLED, CameraState.BACKOFF, CameraState.FAILED,
                                      CameraState.CONNECTING})
@@ -120,7 +124,9 @@ class Daemon:
         self._reloads_finished = 0
         self._reload_outcome: tuple[int, str | None] = (self.generation, None)  # of the last attempt
         self.instance = InstanceLock(config.control.socket)
-        self._cameras_removed = 0  # by reloads (and their roll-backs): see `_give_back_memory`
+        #: cameras removed since the freed heap last went back, and since when (`_give_back_memory`)
+        self._removed: list[CameraRuntime] = []
+        self._removed_since = 0.0
         self._signals = 0  # stop signals received
         self._signal_inbox = SignalInbox()  # signals that neither stop nor reload, for the main loop
         self._cpu_limit = False  # SIGXCPU: stopping because the CPU time limit is reached
@@ -347,7 +353,9 @@ class Daemon:
             log.warning("camera %s reader did not stop in time", name, extra={"camera": name})
         dropped = self.groups[runtime.group].batcher.remove_camera(name)
         runtime.close()  # its pictures go now, not when a lingering capture thread lets go
-        self._cameras_removed += 1
+        if not self._removed:
+            self._removed_since = time.monotonic()
+        self._removed.append(runtime)
         if dropped:
             log.info("camera %s removed with %d queued frame(s) discarded", name, dropped, extra={"camera": name})
         publisher = self._current_publisher()
@@ -365,6 +373,7 @@ class Daemon:
             if self._reload.is_set():
                 self._reload.clear()
                 self._do_reload()
+            self._give_back_memory(now)
             if watchdog_every and now - last_ping >= watchdog_every:
                 # One healthy device keeps the service alive: a down card restarts on its own.
                 if self.tracker.making_progress():
@@ -408,7 +417,6 @@ class Daemon:
         self.notifier.reloading()
         with self._reload_done:
             self._reloads_started += 1
-        removed_before = self._cameras_removed
         try:
             new = load_config(self.config_path, self.environ)
             self._check_reloadable(new)
@@ -423,8 +431,6 @@ class Daemon:
             self.generation += 1
             self.config_error = None
             log.info("configuration reloaded: generation %d", self.generation)
-        if self._cameras_removed != removed_before:
-            self._give_back_memory()
         self.state = DaemonState.RUNNING
         self.notifier.ready(self._status_line())
         with self._reload_done:
@@ -432,13 +438,18 @@ class Daemon:
             self._reload_outcome = (self.generation, self.config_error)
             self._reload_done.notify_all()
 
-    @staticmethod
-    def _give_back_memory() -> None:
-        """Removed cameras' frames are freed, but the C allocator keeps the pages (see `heap`)."""
+    def _give_back_memory(self, now: float) -> None:
+        """Main loop: once the cameras removed by a reload have let go of their frames (their
+        capture threads have ended), hand the freed heap back: the C allocator keeps it otherwise
+        (see `heap`)."""
+        if not self._removed:
+            return
+        if now - self._removed_since < RELEASE_WAIT_S and any(r.open_captures() for r in self._removed):
+            return
+        self._removed = []
         released = release_free_heap()
         if released:
-            log.info("reload: %.0f MB of memory freed by removed cameras returned to the system",
-                     released / 2**20)
+            log.info("%.0f MB of memory freed by removed cameras returned to the system", released / 2**20)
 
     def _reject(self, reason: str) -> None:
         self.config_error = reason
