@@ -11,10 +11,9 @@ Start-up order: control socket (so `yoloedge-ctl status` answers while models lo
 device on its own thread), stop post-processing, publish `stopped`, disconnect, close the socket.
 
 Signals only set flags (on a thread of their own, see `health.signals`); the main loop acts on
-them. SIGHUP reloads the configuration:
-cameras and MQTT settings change without touching models or devices; an invalid file is
-rejected and the running configuration stays. SIGUSR1 writes the status to the log; signals
-that would otherwise kill the daemon silently are ignored with a log line (`health.signals`).
+them. SIGHUP reloads the configuration: cameras and MQTT settings change without touching models
+or devices; an invalid file is rejected and the running configuration stays. SIGUSR1 writes the
+status to the log; other signals that would kill the daemon silently are logged and ignored.
 """
 
 from __future__ import annotations

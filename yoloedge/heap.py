@@ -3,9 +3,10 @@
 When a reload removes cameras, their frames are freed at once (see `pipeline.intake`), but
 glibc's malloc keeps freed memory in its arenas (one per thread that allocates, up to eight per
 core) for reuse and hands back on its own only what lies at the top of a heap. Measured with
-64 synthetic 720p cameras removed by a reload: RSS stayed at 670-840 MB instead of ~200 MB,
-memory no other process on the box could use. `malloc_trim(0)` releases the free pages of every
-arena. It costs a walk over the arenas, so it runs after a reload, not per frame.
+64 synthetic 720p cameras removed by a reload: RSS stayed at 670-840 MB, memory no other process
+on the box could use; with `malloc_trim(0)`, which releases the free pages of every arena, it is
+140-200 MB (`yoloedge bench reload`). It costs a walk over the arenas, so the daemon calls it
+once after cameras were removed (when their capture threads have ended), not per frame.
 
 Other C libraries (musl) have no `malloc_trim`: there this does nothing.
 """
