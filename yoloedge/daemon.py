@@ -165,18 +165,20 @@ class Daemon:
 
     # -- signals -----------------------------------------------------------------------------
     def _install_signal_handlers(self) -> None:
-        """Hand the daemon's signals to a dispatcher thread (`health.signals`), then unblock them.
+        """Hand the daemon's signals to a dispatcher thread (`health.signals`).
 
         `yoloedge run` blocks these from its first line (cli.main) so that a signal during
-        imports and config loading waits instead of killing the process; unblocking here
-        delivers it: a pending stop stops the start-up, a pending reload is applied once
-        running, the others are acted on (logged) then. Besides the stop and reload signals,
-        only signals still at their default are taken over (see `health.signals`).
+        imports and config loading waits instead of killing the process. They stay blocked on
+        this thread; the dispatcher's thread unblocks them, and what waited arrives there: a
+        pending stop stops the start-up, a pending reload is applied once running, the others
+        are acted on (logged) then. Besides the stop and reload signals, only signals still at
+        their default are taken over.
         """
         SignalDispatcher(self._on_signal).install(
-            signum for signum, action in SIGNAL_ACTIONS.items()
-            if action in (SignalAction.STOP, SignalAction.RELOAD) or signal.getsignal(signum) is signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNAL_ACTIONS)
+            take_over=[signum for signum, action in SIGNAL_ACTIONS.items()
+                       if action in (SignalAction.STOP, SignalAction.RELOAD)
+                       or signal.getsignal(signum) is signal.SIG_DFL],
+            unblock=SIGNAL_ACTIONS)
 
     def _on_signal(self, signum: int) -> None:
         """The signal thread, once per signal: stop and reload set their flags, the others are

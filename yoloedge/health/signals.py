@@ -25,9 +25,10 @@ Left alone, on purpose:
   process without ending it, and SIGCONT resumes it;
 * the signals whose default is to do nothing (SIGCHLD, SIGURG, SIGWINCH, SIGCONT).
 
-The Python-level handlers do nothing at all (`SignalDispatcher`): the signal's number goes
-through a pipe to a thread of its own, which sets the stop and reload flags and counts the rest
-for the main loop, which logs them (`SignalInbox.due`). The daemon takes over a signal only while its
+The signals are received on a thread of their own and the Python-level handlers do nothing
+(`SignalDispatcher` says why): the signal's number goes through a pipe to that thread, which
+sets the stop and reload flags and counts the rest for the main loop, which logs them
+(`SignalInbox.due`). The daemon takes over a signal only while its
 disposition is still the default: one that a library installed a handler for, or that Python
 ignores, stays as it is.
 """
@@ -139,32 +140,49 @@ def _in_signal_context(signum: int, frame: object) -> None:
 class SignalDispatcher:
     """Signals turned into calls of `on_signal(signum)` on a thread of their own.
 
-    A Python signal handler runs on the main thread between two bytecodes of whatever it
-    interrupted. One that takes a lock -- `threading.Event.set()` does -- hangs when the code it
-    interrupted holds that same lock (the main loop clearing the reload event, waiting on the
-    stop event), and a storm of such handlers nests them until the C stack overflows: a SIGHUP
-    storm during start-up ended in SIGSEGV. So the handlers do nothing, and CPython's own C
-    handler writes each signal's number to a pipe (`signal.set_wakeup_fd`) that this thread
-    reads; here taking locks is fine, and a stop request is seen even while the main thread
-    sits in a long call into C. The pipe is non-blocking on the writing side: in a storm that
-    fills it, the surplus signals are dropped, not waited for.
+    Two things go wrong when signals are handled on the main thread:
+
+    * a Python handler runs there between two bytecodes of whatever it interrupted; one that
+      takes a lock (`threading.Event.set()` does) hangs for good when that code holds the same
+      lock -- the main loop clearing the reload event, waiting on the stop event;
+    * the C handler runs on the main thread's alternate signal stack, the small one faulthandler
+      sets up (the stderr guard enables it), and CPython installs its handlers with SA_ONSTACK.
+      Different signals arriving together nest there, one signal frame (a few kB with the CPU's
+      vector state) per signal, past the end of that stack into the heap: a storm of SIGUSR1,
+      SIGUSR2, SIGALRM, SIGPROF and a realtime signal during start-up ended in SIGSEGV.
+
+    So the daemon's signals stay blocked on the main thread, and in every thread it starts,
+    which inherit its mask, for the daemon's whole life, and only this thread unblocks them:
+    the kernel delivers each one here, on an ordinary thread stack. The Python-level handler
+    does nothing; CPython's C handler writes the signal's number to a pipe
+    (`signal.set_wakeup_fd`) that this thread reads, and acts on it here, where taking locks is
+    fine (and a stop request is seen even while the main thread sits in a long call into C).
+    The pipe is non-blocking on the writing side: in a storm that fills it, the surplus
+    signals are dropped, not waited for.
+
+    Processes started from the daemon inherit the blocked mask; it starts none of its own.
     """
 
     def __init__(self, on_signal: Callable[[int], None]):
         self._on_signal = on_signal
         self._thread: threading.Thread | None = None
 
-    def install(self, signums: Iterable[int]) -> None:
-        """Main thread (set_wakeup_fd demands it); once."""
+    def install(self, take_over: Iterable[int], unblock: Iterable[int]) -> None:
+        """Main thread (set_wakeup_fd demands it), once: handle the signals in `take_over`, and
+        receive every signal in `unblock` (those the daemon took over, and any a library
+        handles itself) on this dispatcher's thread only."""
+        unblock = frozenset(unblock)
+        signal.pthread_sigmask(signal.SIG_BLOCK, unblock)  # cli.main did; callers from elsewhere may not
         read_end, write_end = os.pipe()
         os.set_blocking(write_end, False)
         signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-        self._thread = threading.Thread(target=self._run, args=(read_end,), name="signals", daemon=True)
-        self._thread.start()
-        for signum in signums:
+        for signum in take_over:
             signal.signal(signum, _in_signal_context)
+        self._thread = threading.Thread(target=self._run, args=(read_end, unblock), name="signals", daemon=True)
+        self._thread.start()
 
-    def _run(self, read_end: int) -> None:
+    def _run(self, read_end: int, unblock: frozenset[int]) -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)  # what was held back arrives now
         while True:
             received = os.read(read_end, 512)
             if not received:
