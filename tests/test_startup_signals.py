@@ -1,6 +1,8 @@
-"""Signals during start-up: `yoloedge run` holds SIGHUP, SIGTERM and SIGINT back from its first
-line until its handlers are in place. A SIGHUP storm during start-up must not kill it (it used to
-die with 129, which systemd counts as clean); a SIGTERM during start-up ends it cleanly (exit 0).
+"""Signals during start-up: `yoloedge run` holds every signal it handles (SIGHUP, SIGTERM, SIGINT,
+SIGUSR1, SIGXCPU and those it ignores) back from its first line until its handlers are in place.
+A SIGHUP storm during start-up must not kill it (it used to die with 129, which systemd counts as
+clean), nor a storm of SIGUSR1/SIGUSR2/SIGALRM/realtime signals (each used to kill it silently);
+a SIGTERM during start-up ends it cleanly (exit 0).
 
 The process is signalled from the moment its mask shows the signals blocked, i.e. from the first
 line of yoloedge; before that only the interpreter's own start-up runs, which no Python code can
@@ -60,6 +62,14 @@ def wait_until_held(daemon: Daemon, timeout: float = 30.0) -> float:
     return time.monotonic() - started
 
 
+def wait_for_text(daemon: Daemon, text: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in daemon.log:
+        assert daemon.proc.poll() is None, daemon.log
+        assert time.monotonic() < deadline, f"{text!r} not logged:\n{daemon.log}"
+        time.sleep(0.05)
+
+
 def test_sighup_storm_during_start_up_does_not_kill_the_daemon(config, sock_dir, notify):
     daemon = Daemon(config, notify)
     try:
@@ -76,6 +86,30 @@ def test_sighup_storm_during_start_up_does_not_kill_the_daemon(config, sock_dir,
             assert time.monotonic() < deadline, "the reload asked for during start-up was not applied"
             time.sleep(0.1)
         assert daemon.proc.poll() is None
+        assert status(str(sock_dir / "control.sock"))["daemon"]["state"] == "running"
+        assert daemon.stop() == 0, daemon.log
+        assert "Traceback" not in daemon.log, daemon.log
+    finally:
+        daemon.kill()
+
+
+def test_signals_it_ignores_sent_all_through_start_up_are_logged_once_it_runs(config, sock_dir, notify):
+    storm = [signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGPROF, signal.SIGRTMIN + 2]
+    daemon = Daemon(config, notify)
+    try:
+        wait_until_held(daemon)
+        held = blocked_signals(daemon.proc.pid)
+        assert all(held & (1 << (sig - 1)) for sig in storm), f"not all held back: {held:x}"
+        sent = 0
+        while not notify.with_key("READY", "1"):
+            assert daemon.proc.poll() is None, f"died with {daemon.proc.returncode} after {sent} signals"
+            daemon.signal(storm[sent % len(storm)])
+            sent += 1
+            time.sleep(0.002)
+        assert sent > 10, "the storm covered the start-up"
+        for text in ("received SIGUSR2", "received SIGALRM", "received SIGPROF", "received SIGRTMIN+2",
+                     "status follows"):
+            wait_for_text(daemon, text)
         assert status(str(sock_dir / "control.sock"))["daemon"]["state"] == "running"
         assert daemon.stop() == 0, daemon.log
         assert "Traceback" not in daemon.log, daemon.log

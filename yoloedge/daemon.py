@@ -10,9 +10,10 @@ Start-up order: control socket (so `yoloedge-ctl status` answers while models lo
 (bounded by `shutdown_timeout_s`), stop the preparers, stop the device workers (each frees its
 device on its own thread), stop post-processing, publish `stopped`, disconnect, close the socket.
 
-Signal handlers only set flags; the main loop acts on them. SIGHUP reloads the configuration:
-cameras and MQTT settings change without touching models or devices; an invalid file is
-rejected and the running configuration stays.
+Signals only set flags (on a thread of their own, see `health.signals`); the main loop acts on
+them. SIGHUP reloads the configuration: cameras and MQTT settings change without touching models
+or devices; an invalid file is rejected and the running configuration stays. SIGUSR1 writes the
+status to the log; other signals that would kill the daemon silently are logged and ignored.
 """
 
 from __future__ import annotations
@@ -30,15 +31,18 @@ from typing import Callable, Mapping
 
 from . import __version__
 from .backends.ort_install import config_clash
+from .cli.ctl import format_status
 from .config.errors import ConfigError, ConfigIssue
 from .config.loader import load_config
 from .config.schema import CameraConfig, Config, MqttConfig
 from .control.instance import AlreadyRunning, ControlServerError, InstanceLock
 from .control.server import ControlServer, unexpected_fields
 from .control.watch import WatchHub
+from .heap import release_free_heap
 from .health.logsetup import redact_text
 from .health.notify import SystemdNotifier, watchdog_interval_s
 from .health.progress import Problem, ProgressTracker
+from .health.signals import SIGNAL_ACTIONS, SignalAction, SignalDispatcher, SignalInbox, signal_name
 from .pipeline.cameras import CameraRuntime, is_lossless, queue_size_for
 from .pipeline.groups import AcceleratorGroup
 from .pipeline.results import ResultPublisher
@@ -63,6 +67,10 @@ EXIT_ALREADY_RUNNING = 73
 #: how long a `reload` request waits for its attempt before answering "still running".
 RELOAD_WAIT_S = 30.0
 TICK_S = 0.1
+#: a removed camera's capture thread still in a read holds its last frame until the read returns
+#: (a frozen camera: up to a few read timeouts); the freed heap goes back once all have ended,
+#: or after this long regardless
+RELEASE_WAIT_S = 30.0
 #: camera states that make the daemon report a problem (for an enabled camera)
 UNHEALTHY_CAMERA_STATES = frozenset({CameraState.STALLED, CameraState.BACKOFF, CameraState.FAILED,
                                      CameraState.CONNECTING})
@@ -115,9 +123,18 @@ class Daemon:
         self._reloads_finished = 0
         self._reload_outcome: tuple[int, str | None] = (self.generation, None)  # of the last attempt
         self.instance = InstanceLock(config.control.socket)
-        self._signals = 0
-        self._lock = threading.RLock()  # guards cameras/publisher against the control thread
+        #: cameras removed since the freed heap last went back, and since when (`_give_back_memory`)
+        self._removed: list[CameraRuntime] = []
+        self._removed_since = 0.0
+        self._signals = 0  # stop signals received
+        self._signal_inbox = SignalInbox()  # signals that neither stop nor reload, for the main loop
+        self._cpu_limit = False  # SIGXCPU: stopping because the CPU time limit is reached
+        #: guards `cameras` and `publisher` against the control and HTTP threads: a reload that
+        #: changes the MQTT settings sets `publisher` to None, then to the new client, so other
+        #: threads take one reference under it (`_current_publisher`) and never read it twice
+        self._lock = threading.RLock()
         self.watchers = WatchHub()  # `yoloedge-ctl watch` subscriptions
+        # one plain read per frame (no lock on the frames' path): a single read cannot see it change
         self.results = ResultPublisher(self.cameras, lambda: self.publisher, config.model.path,
                                        snapshots=self.snapshots, watch=self.watchers.publish)
 
@@ -134,10 +151,11 @@ class Daemon:
             log.error("not starting: %s", exc)
             return EXIT_ALREADY_RUNNING
         try:
-            return self._run()
+            code = self._run()
         finally:
             self._shutdown()
             self.instance.release()
+        return EXIT_FAILURE if self._cpu_limit else code
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -147,22 +165,52 @@ class Daemon:
 
     # -- signals -----------------------------------------------------------------------------
     def _install_signal_handlers(self) -> None:
-        """Install the handlers, then unblock their signals.
+        """Hand the daemon's signals to a dispatcher thread (`health.signals`).
 
-        `yoloedge run` blocks these from its first line (cli.main) so that a SIGHUP or SIGTERM
-        during imports and config loading waits instead of killing the process; unblocking here
-        delivers it: a pending stop stops the start-up, a pending reload is applied once running.
+        `yoloedge run` blocks these from its first line (cli.main) so that a signal during
+        imports and config loading waits instead of killing the process. They stay blocked on
+        this thread; the dispatcher's thread unblocks them, and what waited arrives there: a
+        pending stop stops the start-up, a pending reload is applied once running, the others
+        are acted on (logged) then. Besides the stop and reload signals, only signals still at
+        their default are taken over.
         """
-        handlers = {signal.SIGTERM: self._on_stop_signal, signal.SIGINT: self._on_stop_signal,
-                    signal.SIGHUP: self._on_reload_signal}
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, handlers)
+        SignalDispatcher(self._on_signal).install(
+            take_over=[signum for signum, action in SIGNAL_ACTIONS.items()
+                       if action in (SignalAction.STOP, SignalAction.RELOAD)
+                       or signal.getsignal(signum) is signal.SIG_DFL],
+            unblock=SIGNAL_ACTIONS)
 
-    def _on_reload_signal(self, signum, frame) -> None:
-        self._reload.set()
+    def _on_signal(self, signum: int) -> None:
+        """The signal thread, once per signal: stop and reload set their flags, the others are
+        counted for the main loop to log (`_act_on_signals`)."""
+        action = SIGNAL_ACTIONS.get(signum, SignalAction.IGNORE)
+        if action is SignalAction.STOP:
+            self._on_stop_signal()
+        elif action is SignalAction.RELOAD:
+            self._reload.set()
+        else:
+            self._signal_inbox.record(signum)  # before the stop below: the shutdown logs it
+            if action is SignalAction.CPU_LIMIT:
+                # sent again every CPU second until the hard limit's SIGKILL: not a second stop
+                self._cpu_limit = True
+                self._stop.set()
 
-    def _on_stop_signal(self, signum, frame) -> None:
+    def _act_on_signals(self, flush: bool = False) -> None:
+        """The main loop's side of the signals that are only counted: log them (SIGUSR1: the status)."""
+        for signum, count in self._signal_inbox.due(flush):
+            name = signal_name(signum)
+            times = f" ({count} times)" if count > 1 else ""
+            action = SIGNAL_ACTIONS.get(signum)
+            if action is SignalAction.LOG_STATUS:
+                log.info("%s%s: status follows\n%s", name, times, format_status(self.status()))
+            elif action is SignalAction.CPU_LIMIT:
+                log.error("%s: the CPU time limit (LimitCPU=, ulimit -t) is reached; stopping cleanly "
+                          "before the kernel kills the daemon", name)
+            else:
+                log.warning("received %s%s: ignored (SIGHUP reloads, SIGTERM stops, SIGUSR1 logs the status)",
+                            name, times)
+
+    def _on_stop_signal(self) -> None:
         self._signals += 1
         if self._signals > 1:
             os.write(2, b"yoloedge: second signal, exiting immediately\n")
@@ -223,10 +271,18 @@ class Daemon:
         return Meters(cameras, [(g.name, w) for g in self.groups.values() for w in g.workers])
 
     def _start_publisher(self, cfg: Config) -> MqttPublisher:
-        self.publisher = publisher = MqttPublisher(cfg.mqtt, cfg.device_id, __version__,
-                                                   discovery=self.discovery)
+        publisher = MqttPublisher(cfg.mqtt, cfg.device_id, __version__, discovery=self.discovery)
+        self._set_publisher(publisher)
         publisher.start()
         return publisher
+
+    def _current_publisher(self) -> MqttPublisher | None:
+        with self._lock:
+            return self.publisher
+
+    def _set_publisher(self, publisher: MqttPublisher | None) -> None:
+        with self._lock:
+            self.publisher = publisher
 
     def _start_accelerators(self, cfg: Config) -> bool:
         # Built whole, then published: `status()` answers from the control thread meanwhile, and
@@ -255,19 +311,21 @@ class Daemon:
     def _add_camera(self, camera: CameraConfig) -> None:
         group = self._group_for(camera)
         self._warn_unknown_classes(camera, group)
-        queue = reader = None
+        intake = queue = reader = None
         failed = None if group.serving else f"accelerator {group.name} did not start"
         if camera.enabled and failed is None:
             intake = group.add_camera(camera.name, queue_size_for(camera, group.config.batch), is_lossless(camera))
             queue = intake.queue
             reader = CameraReader(camera, self.snapshots.tap(camera.name, intake),
                                   self.config.health.stall_timeout_s, self.results.camera_state, reuse_frames=True)
-        runtime = CameraRuntime(camera, group.name, queue, reader, failed=failed if camera.enabled else None)
+        runtime = CameraRuntime(camera, group.name, queue, reader, failed=failed if camera.enabled else None,
+                                intake=intake)
         self.snapshots.add(camera.name)
         with self._lock:
             self.cameras[camera.name] = runtime
-        if self.publisher is not None:  # before its first state: Home Assistant discovery
-            self.publisher.announce_camera(camera.name, camera.classes)
+            publisher = self.publisher
+        if publisher is not None:  # before its first state: Home Assistant discovery
+            publisher.announce_camera(camera.name, camera.classes)
         if reader is None:
             self.results.camera_state(camera.name, runtime.state, failed or "enabled: false")
         runtime.start()
@@ -295,10 +353,15 @@ class Daemon:
         if not runtime.join(self.config.shutdown_timeout_s):
             log.warning("camera %s reader did not stop in time", name, extra={"camera": name})
         dropped = self.groups[runtime.group].batcher.remove_camera(name)
+        runtime.close()  # its pictures go now, not when a lingering capture thread lets go
+        if not self._removed:
+            self._removed_since = time.monotonic()
+        self._removed.append(runtime)
         if dropped:
             log.info("camera %s removed with %d queued frame(s) discarded", name, dropped, extra={"camera": name})
-        if clear_state and self.publisher is not None:
-            self.publisher.clear_camera(name)
+        publisher = self._current_publisher()
+        if clear_state and publisher is not None:
+            publisher.clear_camera(name)
 
     # -- main loop ---------------------------------------------------------------------------
     def _main_loop(self) -> None:
@@ -307,9 +370,11 @@ class Daemon:
         withheld = False  # pings are being withheld and that was logged: say it once, not per tick
         while not self._stop.is_set():
             now = time.monotonic()
+            self._act_on_signals()
             if self._reload.is_set():
                 self._reload.clear()
                 self._do_reload()
+            self._give_back_memory(now)
             if watchdog_every and now - last_ping >= watchdog_every:
                 # One healthy device keeps the service alive: a down card restarts on its own.
                 if self.tracker.making_progress():
@@ -325,7 +390,7 @@ class Daemon:
             if now - last_status >= self.config.health.status_interval_s:
                 self.notifier.status(self._status_line())
                 last_status = now
-            publisher = self.publisher
+            publisher = self._current_publisher()
             if publisher is not None and now - last_stats >= self.config.mqtt.stats_interval_s:
                 publisher.publish_stats(self._stats_message())
                 last_stats = now
@@ -334,10 +399,11 @@ class Daemon:
     def _status_line(self) -> str:
         with self._lock:
             cameras = list(self.cameras.values())
+            publisher = self.publisher
         streaming = sum(1 for c in cameras if c.state is CameraState.STREAMING)
         enabled = sum(1 for c in cameras if c.config.enabled)
         rate = sum(w.frames_done.rate() for g in self.groups.values() for w in g.workers)
-        mqtt = "connected" if self.publisher and self.publisher.stats().get("connected") else "disconnected"
+        mqtt = "connected" if publisher is not None and publisher.stats().get("connected") else "disconnected"
         problems = self.tracker.check()
         health = f", PROBLEM: {problems[0]}" if problems else ""
         return (f"{self.state}: {streaming}/{enabled} cameras streaming, {rate:.1f} frames/s, "
@@ -372,6 +438,19 @@ class Daemon:
             self._reloads_finished += 1
             self._reload_outcome = (self.generation, self.config_error)
             self._reload_done.notify_all()
+
+    def _give_back_memory(self, now: float) -> None:
+        """Main loop: once the cameras removed by a reload have let go of their frames (their
+        capture threads have ended), hand the freed heap back: the C allocator keeps it otherwise
+        (see `heap`)."""
+        if not self._removed:
+            return
+        if now - self._removed_since < RELEASE_WAIT_S and any(r.open_captures() for r in self._removed):
+            return
+        self._removed = []
+        released = release_free_heap()
+        if released:
+            log.info("%.0f MB of memory freed by removed cameras returned to the system", released / 2**20)
 
     def _reject(self, reason: str) -> None:
         self.config_error = reason
@@ -476,17 +555,17 @@ class Daemon:
         log.info("reload: MQTT settings changed, reconnecting")
         # The old client goes first: both would use the same client id, and the broker would
         # bounce the connection between them (and fire the Last Will) while both lived.
-        old = self.publisher
+        old = self._current_publisher()
         if old is not None:
             try:
                 old.stop(timeout_s=5.0, final_status=None)
             except Exception:  # stop() logs its own failures; this guards the reload regardless
                 log.exception("reload: stopping the MQTT client failed; replacing it anyway")
-        self.publisher = None  # results and states wait (dropped) until a client runs again
+        self._set_publisher(None)  # results and states wait (dropped) until a client runs again
         try:
-            self.publisher = self._online_publisher(settings)
+            self._set_publisher(self._online_publisher(settings))
         except Exception:
-            self.publisher = self._online_publisher(fallback)
+            self._set_publisher(self._online_publisher(fallback))
             raise
 
     def _online_publisher(self, settings: MqttConfig) -> MqttPublisher:
@@ -542,7 +621,8 @@ class Daemon:
                 entry["healthy"] = (w.state is WorkerState.RUNNING
                                     and not any(p.source == w.worker_name for p in problems))
                 accelerators.append(entry)
-        mqtt = self.publisher.stats() if self.publisher else {}
+        publisher = self._current_publisher()  # once: a reload may replace it meanwhile
+        mqtt = publisher.stats() if publisher is not None else {}
         return {
             "ok": True,
             "daemon": {
@@ -581,7 +661,8 @@ class Daemon:
                 if (cam.config.enabled and cam.state in UNHEALTHY_CAMERA_STATES
                         and not cam.first_connection(now)):
                     problems.append(Problem(f"camera {cam.name}", str(cam.state)))
-        mqtt = self.publisher.stats() if self.publisher is not None else None
+        publisher = self._current_publisher()
+        mqtt = publisher.stats() if publisher is not None else None
         if mqtt is not None and not mqtt.get("connected"):
             problems.append(Problem("mqtt", "not connected to the broker"))
         elif mqtt is not None and mqtt.get("ack_stalled"):  # connected, yet nothing arrives
@@ -611,6 +692,7 @@ class Daemon:
         if self.state is DaemonState.STOPPED:
             return
         self.state = DaemonState.STOPPING
+        self._act_on_signals(flush=True)  # e.g. the SIGXCPU that stops it
         deadline = time.monotonic() + self.config.shutdown_timeout_s
         self.notifier.stopping("stopping: draining")
         log.info("stopping: readers, then draining queued frames (up to %.1f s)", self.config.shutdown_timeout_s)
@@ -628,8 +710,9 @@ class Daemon:
             group.stop_workers(max(0.5, deadline - time.monotonic()))
         for group in self.groups.values():
             group.stop_post(max(0.5, deadline - time.monotonic()))
-        if self.publisher is not None:
-            self.publisher.stop(timeout_s=max(1.0, deadline - time.monotonic()), final_status="stopped")
+        publisher = self._current_publisher()
+        if publisher is not None:
+            publisher.stop(timeout_s=max(1.0, deadline - time.monotonic()), final_status="stopped")
         self.http.stop()
         if self.control is not None:
             self.control.stop()

@@ -42,13 +42,14 @@ def add_parser(sub) -> None:
     model.add_argument("--repeat", type=int, default=30, help="timed runs per row (default 30)")
     model.add_argument("--threads", type=int, default=0, help="intra-op threads (0: ORT default)")
     model.set_defaults(func=run_model)
-    from ..bench import clips, decode, e2e, memory, pipeline
+    from ..bench import clips, decode, e2e, memory, pipeline, reload
 
     pipeline.add_parser(bsub)
     e2e.add_parser(bsub)
     clips.add_parser(bsub)
     decode.add_parser(bsub)
     memory.add_parser(bsub)
+    reload.add_parser(bsub)
 
 
 def _frame(path: str | None, width: int, height: int) -> np.ndarray:

@@ -1,11 +1,14 @@
 """`yoloedge run`: start the daemon (normally from systemd).
 
-SIGHUP, SIGTERM and SIGINT are blocked from `cli.main`'s first line until the daemon's handlers
-are in place (`Daemon._install_signal_handlers` unblocks them). Before, a SIGHUP while the
-modules were still importing killed the process with status 129, which systemd counts as a
-clean exit. Blocked, a signal waits: a reload asked for during start-up is applied once the
-daemon runs, a stop ends the start-up cleanly (exit 0), and a config error still exits 78.
-Blocking rather than ignoring keeps the request instead of losing it; what remains is the
+Every signal the daemon handles (`health.signals`: SIGHUP, SIGTERM, SIGINT, SIGUSR1, SIGXCPU and
+those it ignores with a log line) is blocked from `cli.main`'s first line until the daemon's
+handlers are in place (`Daemon._install_signal_handlers`; they then stay blocked on the main
+thread and arrive on the daemon's signal thread, see `health.signals`). Before, a SIGHUP while
+the modules were still importing killed the process with status 129, which systemd counts as a
+clean exit, and a SIGUSR1 from a logrotate script killed it silently. Blocked, a signal waits: a
+reload asked for during start-up is applied once the daemon runs, a stop ends the start-up
+cleanly (exit 0), an ignored one is logged once the daemon runs, and a config error still exits
+78. Blocking rather than ignoring keeps the request instead of losing it; what remains is the
 interpreter's own start-up before the first line of yoloedge runs.
 """
 
@@ -15,9 +18,11 @@ import argparse
 import os
 import signal
 
+from ..health.signals import SIGNAL_ACTIONS
+
 DEFAULT_CONFIG = "/etc/yoloedge/yoloedge.yaml"
 #: the signals the daemon handles, held back until it does.
-DAEMON_SIGNALS = frozenset({signal.SIGHUP, signal.SIGTERM, signal.SIGINT})
+DAEMON_SIGNALS = frozenset(SIGNAL_ACTIONS)
 
 
 def hold_daemon_signals() -> set[int | signal.Signals]:

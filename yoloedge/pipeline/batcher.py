@@ -89,9 +89,7 @@ class Batcher:
             if queue is None:
                 return 0
             self._order.remove(queue)
-            left = len(queue)
-        queue.close()
-        return left
+        return queue.close()
 
     def pending(self) -> int:
         """Frames taken in but not yet handed to a device: queued, or in an open or sealed buffer."""

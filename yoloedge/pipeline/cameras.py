@@ -9,6 +9,7 @@ from ..config.schema import CameraConfig
 from ..metrics import BucketCounts, LatencyWindow, RateMeter
 from ..sources.reader import CameraReader
 from ..sources.state import CameraState
+from .intake import CameraIntake
 from .queues import FrameQueue
 from .slots import SlotMeta
 
@@ -32,12 +33,13 @@ def queue_size_for(config: CameraConfig, batch: int) -> int:
 
 class CameraRuntime:
     def __init__(self, config: CameraConfig, group: str, queue: FrameQueue | None,
-                 reader: CameraReader | None, failed: str | None = None):
+                 reader: CameraReader | None, failed: str | None = None, intake: CameraIntake | None = None):
         self.config = config
         self.failed = failed  # why the camera could not be started at all (its accelerator failed)
         self.group = group
         self.queue = queue
         self.reader = reader
+        self.intake = intake  # the reader's way into the pipeline, with the camera's picture ring
         self.classes = frozenset(config.classes) if config.classes is not None else None
         self.latency_ms = LatencyWindow()
         self.stage_ms = {name: LatencyWindow() for name in STAGES}
@@ -76,6 +78,11 @@ class CameraRuntime:
             return True
         self.reader.join(timeout)
         return not self.reader.is_alive()
+
+    def close(self) -> None:
+        """Removed (stopped, its queue closed): free its pictures now (see `CameraIntake.close`)."""
+        if self.intake is not None:
+            self.intake.close()
 
     def record_published(self, meta: SlotMeta, started: float, inferred: float, published: float) -> None:
         self.published_frames += 1

@@ -11,11 +11,18 @@ A ring buffer is in use from the resize until a preparer has placed it, or until
 queue drops it; then it comes back (`release`). The ring is sized for the worst case -- every
 queue slot full, every preparer placing one of this camera's pictures, one being resized -- so
 taking one never waits; should it ever run dry anyway, it grows by one, counted in `grown`.
+
+Nothing here forms a reference cycle, so a removed camera's ring is freed the moment the camera
+is dropped, not whenever the cyclic garbage collector next runs (a reload that removes 64
+cameras would otherwise keep their 64 rings, hundreds of MB, until then): an entry knows its
+intake only weakly, and the queue gives a dropped entry back through the entry itself rather
+than through a bound method of the intake.
 """
 
 from __future__ import annotations
 
 import collections
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +36,8 @@ from .queues import FrameQueue
 class Resized:
     """A camera's resized picture waiting for a batch slot; reused for frame after frame."""
 
-    owner: CameraIntake
+    #: weak: the intake holds its ring, and a strong link back would make every entry a cycle
+    owner: weakref.ref[CameraIntake]
     camera: str = ""
     seq: int = -1
     capture_time: float = 0.0
@@ -38,18 +46,23 @@ class Resized:
     geometry: Geometry | None = None
 
     def release(self) -> None:
-        """Placed in a batch slot (or dropped): the buffer may take the next frame."""
-        self.owner.release(self)
+        """Placed in a batch slot (or dropped): the buffer may take the next frame. An entry
+        whose camera was removed meanwhile is simply let go."""
+        owner = self.owner()
+        if owner is not None:
+            owner.release(self)
 
 
 class CameraIntake:
     def __init__(self, queue: FrameQueue, resizer: Resizer, ring: int):
         self.queue = queue
         self.resizer = resizer
-        self._free: collections.deque[Resized] = collections.deque(Resized(self) for _ in range(ring))
+        self._ref = weakref.ref(self)
+        self._free: collections.deque[Resized] = collections.deque(Resized(self._ref) for _ in range(ring))
         self._ring = ring
         self.grown = 0
-        queue.on_drop = self.release
+        self._closed = False
+        queue.on_drop = Resized.release  # not self.release: the queue must not keep the intake alive
 
     def __call__(self, frame: Frame, timeout_s: float) -> bool:
         """The camera's `FrameSink`: resize, then queue (a full lossless queue: False, no work done)."""
@@ -67,10 +80,19 @@ class CameraIntake:
             return self._free.pop()
         except IndexError:
             self.grown += 1
-            return Resized(self)
+            return Resized(self._ref)
 
     def release(self, item: Resized) -> None:
-        self._free.append(item)
+        if not self._closed:
+            self._free.append(item)
+
+    def close(self) -> None:
+        """The camera is removed: let go of the ring now. A capture thread still blocked in a
+        frozen camera's read keeps its reader, and through the reader's sink this intake, until
+        the read returns (up to a few read timeouts); the pictures need not wait for it. Entries
+        still on their way (a preparer placing one) are let go when they come back."""
+        self._closed = True
+        self._free.clear()
 
     def buffers(self) -> int:
         """Picture buffers allocated so far (the entries free now that have one, and those in use)."""

@@ -60,6 +60,9 @@ class Preparer(threading.Thread):
                 self.on_failure(item.camera, item.seq, exc)
             filled(buffer, slot, item, geometry, taken)  # copies what it needs of the item ...
             item.release()  # ... which may then take the camera's next frame
+            # Not kept until the next job: after its camera was removed the entry's picture
+            # must be freed now, not when (if ever) another camera's frame comes along.
+            del job, item, buffer
 
     def stop(self) -> None:
         self._stop_event.set()

@@ -94,10 +94,16 @@ class FrameQueue:
     def __len__(self) -> int:
         return len(self._items)
 
-    def close(self) -> None:
+    def close(self) -> int:
+        """Refuse further puts and let go of the entries still queued (the camera is being
+        removed: nobody will take them, and each holds a picture); returns how many there were."""
         with self._lock:
             self._closed = True
+            discarded = len(self._items)
+            self._items.clear()
+            self.on_drop = None
             self._room.notify_all()
+        return discarded
 
     @property
     def closed(self) -> bool:
