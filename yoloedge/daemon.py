@@ -31,7 +31,7 @@ from typing import Callable, Mapping
 
 from . import __version__
 from .backends.ort_install import config_clash
-from .cli.ctl import format_status
+from .control.statustext import format_status
 from .config.errors import ConfigError, ConfigIssue
 from .config.loader import load_config
 from .config.schema import CameraConfig, Config, MqttConfig

@@ -76,13 +76,14 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping
 
 import yaml
 
 from ..config.schema import ControlConfig
 from ..control.client import ControlError, NotRunning, PermissionDenied, request
 from ..control.location import client_socket
+from ..control.statustext import cell, format_status
 from ..redact import redact_text
 from ..textsafe import printable
 from . import ctl_live
@@ -179,125 +180,6 @@ def socket_from_config(path: str, environ: Mapping[str, str] | None = None) -> s
 
 
 # ---------------------------------------------------------------------------------------------
-# Human-readable status
-
-
-def _text(value: Any, fmt: str = "{}") -> str:
-    """Table cell: None (unknown / not applicable) shows as '-'. Control characters are escaped
-    (`printable`) here, before the columns are measured: camera errors and names come from outside."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    try:
-        return printable(fmt.format(value))
-    except (TypeError, ValueError):
-        return printable(str(value))  # an unexpected type from a newer daemon: show it rather than fail
-
-
-def format_duration(seconds: float | None) -> str:
-    """'3d 04h', '2h 05m', '4m 07s', '12s': the two most significant units."""
-    if seconds is None:
-        return "-"
-    total = int(seconds)
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours:02d}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
-
-
-def format_table(headers: Sequence[str], rows: Iterable[Sequence[str]],
-                 right: Iterable[int] = ()) -> list[str]:
-    """Columns padded to their widest cell; `right` columns (numbers) right-aligned."""
-    rows = [list(row) for row in rows]
-    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
-    right = set(right)
-
-    def line(cells: Sequence[str]) -> str:
-        padded = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
-        return "  ".join(padded).rstrip()
-
-    return [line(headers)] + [line(row) for row in rows]
-
-
-def _health(value: Any) -> str:
-    if value is None:
-        return "-"
-    return "ok" if value else "FAIL"
-
-
-def _accelerator_lines(accelerators: list[dict]) -> list[str]:
-    headers = ("NAME", "BACKEND", "DEVICE", "MODEL", "BATCH", "STATE", "HEALTH", "INF/S", "UTIL %",
-               "P50 MS", "P99 MS", "QUEUE", "ERRORS", "RESTARTS", "DESCRIPTION")
-    rows = [(_text(a.get("name")), _text(a.get("backend")), _text(a.get("device")), _text(a.get("model")),
-             _text(a.get("batch")), _text(a.get("state")), _health(a.get("healthy")),
-             _text(a.get("inferences_per_s"), "{:.1f}"),
-             _text(a.get("utilisation") if a.get("utilisation") is None else 100 * a["utilisation"], "{:.0f}"),
-             _text(a.get("p50_ms"), "{:.1f}"), _text(a.get("p99_ms"), "{:.1f}"), _text(a.get("queue_depth")),
-             _text(a.get("errors")), _text(a.get("restarts")), _text(a.get("description")))
-            for a in accelerators]
-    return format_table(headers, rows, right=(4, 7, 8, 9, 10, 11, 12, 13))
-
-
-def _camera_lines(cameras: list[dict]) -> list[str]:
-    headers = ("NAME", "STATE", "FPS IN", "FPS OUT", "DROPS", "RECONN", "STALLS", "AGE S", "P50 MS",
-               "P99 MS", "URL", "ERROR")
-    rows = [(_text(c.get("name")), _text(c.get("state")), _text(c.get("fps_in"), "{:.1f}"),
-             _text(c.get("fps_out"), "{:.1f}"), _text(c.get("drops")), _text(c.get("reconnects")),
-             _text(c.get("stalls")), _text(c.get("last_frame_age_s"), "{:.1f}"),
-             _text(c.get("latency_p50_ms"), "{:.1f}"), _text(c.get("latency_p99_ms"), "{:.1f}"),
-             _text(c.get("url")), _text(c.get("error")))
-            for c in cameras]
-    return format_table(headers, rows, right=(2, 3, 4, 5, 6, 7, 8, 9))
-
-
-def _mqtt_line(mqtt: dict | None) -> str:
-    if not mqtt:
-        return "mqtt: -"
-    link = "connected to" if mqtt.get("connected") else "DISCONNECTED from"
-    if mqtt.get("connected") and mqtt.get("ack_stalled"):
-        link = "connected (NOT ACKNOWLEDGING) to"
-    if mqtt.get("unstable"):
-        word = "connected" if mqtt.get("connected") else "DISCONNECTED"
-        link = link.replace(word, f"{word} (UNSTABLE)", 1)
-    spooled = f", spooled {mqtt['spooled']}" if mqtt.get("spooled") is not None else ""
-    return (f"mqtt: {link} {_text(mqtt.get('broker'))}; queued {_text(mqtt.get('queued'))}{spooled}, "
-            f"delivered {_text(mqtt.get('delivered'))}, dropped {_text(mqtt.get('dropped'))}")
-
-
-def format_status(status: dict) -> str:
-    """The readable summary `yoloedge-ctl status` prints."""
-    daemon = status.get("daemon") or {}
-    health = "healthy" if daemon.get("healthy") else "DEGRADED"
-    lines = [f"yoloedge {_text(daemon.get('version'))}: {_text(daemon.get('state'))} "
-             f"(pid {_text(daemon.get('pid'))}), up {format_duration(daemon.get('uptime_s'))}, {health}",
-             f"config: {_text(daemon.get('config'))} (generation {_text(daemon.get('generation'))})"]
-    if daemon.get("restart_needed_for"):
-        keys = ", ".join(map(str, daemon["restart_needed_for"]))
-        lines.append(f"restart needed to apply changes to: {keys}")
-    if daemon.get("config_error"):
-        lines += ["", "!! LAST RELOAD REJECTED, still running the previous config:"]
-        lines += [f"!! {line}" for line in str(daemon["config_error"]).splitlines()]
-    accelerators, cameras = status.get("accelerators") or [], status.get("cameras") or []
-    lines += ["", "accelerators:"] + _indent(_accelerator_lines(accelerators) if accelerators else ["(none)"])
-    lines += ["", "cameras:"] + _indent(_camera_lines(cameras) if cameras else ["(none)"])
-    lines += ["", _mqtt_line(status.get("mqtt"))]
-    problems = daemon.get("problems") or []
-    lines += [""] + (["problems:"] + [f"  - {p}" for p in problems] if problems else ["problems: none"])
-    return "\n".join(printable(line) for line in lines)
-
-
-def _indent(lines: list[str]) -> list[str]:
-    return ["  " + line for line in lines]
-
-
-# ---------------------------------------------------------------------------------------------
 # Commands
 
 
@@ -326,7 +208,7 @@ def redacted(reply: Any) -> Any:
 
 def _reload(socket_path: str, timeout: float) -> int:
     reply = redacted(request(socket_path, {"cmd": "reload"}, timeout=timeout))
-    generation = _text(reply.get("generation"))
+    generation = cell(reply.get("generation"))
     if not reply.get("ok"):
         why = reply.get("config_error") or reply.get("error") or "no reason given"
         print(printable(f"yoloedge-ctl: reload rejected, still running generation {generation}:\n{why}",
