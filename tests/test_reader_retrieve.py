@@ -149,3 +149,20 @@ def test_the_buffer_goes_back_to_the_pool_when_the_sink_closes(media, counting):
     run_to(CameraState.STOPPED, camera(str(media / AVI), realtime=False), sink, pool)
     assert len(sink.seen) == 3
     assert pool.in_use() == 0 and pool.idle() == 1
+
+
+def test_a_frame_s_buffer_is_its_own_until_the_sink_returns(media, counting):
+    """Another camera taking a buffer while this one's sink runs never gets the frame's buffer."""
+    pool = FramePool()
+    clashes: list[int] = []
+
+    def sink(frame: Frame, timeout_s: float) -> bool:
+        other = pool.take(frame.image.shape)  # as another camera's reader would, meanwhile
+        if other.ctypes.data == frame.image.ctypes.data:
+            clashes.append(frame.seq)
+        pool.give(other)
+        return True
+
+    reader = run_to(CameraState.ENDED, camera(str(media / AVI), realtime=False, fps=5.0), sink, pool)
+    assert reader.stats()["frames_out"] == 28 and not clashes
+    assert pool.allocated == 2 and pool.in_use() == 0

@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 #: takes (of every shape together) per window of the idle bound; at 8 cameras keeping 5 frames a
-#: second each, a window is about 1.6 s. A buffer allocated again costs a mapping and its page
-#: faults (about a millisecond at 1080p), so a short window costs next to nothing.
-WINDOW_TAKES = 64
+#: second each, a window is under a second. A buffer allocated again costs a mapping and its page
+#: faults (about a millisecond at 1080p), so a short window costs next to nothing, and a burst's
+#: buffers are given back soon after it.
+WINDOW_TAKES = 32
 
 Shape = tuple[int, ...]
 
