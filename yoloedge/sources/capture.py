@@ -17,9 +17,16 @@ and both grow with the core count. An appliance reads many cameras at once, so t
 comes from the cameras, not from inside one decoder; one thread decodes 1080p H.264 at 110-120
 frames/s on a shared x86 core, 4K at about 30 (`yoloedge bench decode --decode-threads 1,2,4`).
 
-What a capture holds, at 1080p: the decoder's reference and reordered pictures (3.1 MB each; 3 for
-a stream without B-frames, 7 with them), OpenCV's own BGR picture and swscale context (7.2 MB), and
-the BGR array it copies that picture into -- with `reuse_frame` the same array for every read.
+What a capture holds, at 1080p: FFmpeg's pictures, 3.1 MB each and, for H.264, about 1 MB more
+of motion vectors and macroblock tables per picture -- 3 pictures for a stream without B-frames,
+5 to 7 with them (the stream decides: 20.9 MB for one x264 clip, 29.3 MB for a longer encode of
+the same scene) -- the demuxer and codec contexts (about 1.8 MB), and, from the first retrieve(),
+OpenCV's own BGR picture (6.3 MB) and swscale context: OpenCV converts into that picture and then
+copies it into the caller's array, and its API has no way around the copy. That array is the
+reader's: `OpenCvCapture` retrieves only the frames a camera keeps, into a buffer the reader
+borrows from a `FramePool` shared by the cameras for as long as its sink needs the frame, so a
+1080p camera costs a share of one or two 6.2 MB buffers instead of one of its own, and the
+frames it skips are never converted (`yoloedge bench memory`, README "Memory per camera").
 """
 
 from __future__ import annotations
