@@ -50,6 +50,7 @@ from .pipeline.snapshots import SnapshotStore, snapshot_reply
 from .pipeline.worker import WorkerState
 from .publish.homeassistant import Discovery
 from .publish.mqtt import MqttPublisher
+from .sources.framepool import FramePool
 from .sources.reader import CameraReader
 from .sources.state import CameraState
 from .timeutil import utc_timestamp
@@ -114,6 +115,9 @@ class Daemon:
         self.discovery = Discovery(config.device_id, __version__, os.path.basename(config.model.path))
         self.control: ControlServer | None = None
         self.snapshots = SnapshotStore()  # each camera's latest processed frame (ctl snapshot, HTTP)
+        #: the BGR buffers the cameras' OpenCV captures retrieve their kept frames into, lent for a
+        #: sink call each: a few serve every camera (see `sources.framepool`)
+        self.frames = FramePool()
         # /metrics, /api/status, /api/cameras/<name>/latest.jpg (web.endpoint)
         self.http = HttpEndpoint(self.status, self._meters, self.snapshots)
         self._stop = threading.Event()
@@ -317,7 +321,7 @@ class Daemon:
             intake = group.add_camera(camera.name, queue_size_for(camera, group.config.batch), is_lossless(camera))
             queue = intake.queue
             reader = CameraReader(camera, self.snapshots.tap(camera.name, intake),
-                                  self.config.health.stall_timeout_s, self.results.camera_state, reuse_frames=True)
+                                  self.config.health.stall_timeout_s, self.results.camera_state, pool=self.frames)
         runtime = CameraRuntime(camera, group.name, queue, reader, failed=failed if camera.enabled else None,
                                 intake=intake)
         self.snapshots.add(camera.name)
@@ -448,6 +452,7 @@ class Daemon:
         if now - self._removed_since < RELEASE_WAIT_S and any(r.open_captures() for r in self._removed):
             return
         self._removed = []
+        self.frames.clear()  # the buffers the removed cameras used are not needed any more
         released = release_free_heap()
         if released:
             log.info("%.0f MB of memory freed by removed cameras returned to the system", released / 2**20)

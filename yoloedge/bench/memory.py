@@ -8,9 +8,10 @@ looping. A file camera decodes every frame at the clip's own rate and keeps the 
 for, as a camera sampled down would. After `--seconds` the daemon's RSS and threads are read from
 /proc: per camera is (RSS with the cameras - RSS without) / cameras.
 
-Next to it, "captures alone": the same sources (`sources.capture`, decoding into one reused frame
-as in the daemon), read by as many plain threads at the same pace, in a process that has only
-imported OpenCV: the decoder and its BGR pictures, without the pipeline. The difference is what
+Next to it, "captures alone": the same sources (`sources.capture`), read by as many plain threads
+at the same pace as in the daemon -- every frame grabbed, the kept ones retrieved into a buffer
+of a shared `FramePool` -- in a process that has only imported OpenCV: the decoder and its BGR
+pictures, without the pipeline. The difference is what
 the pipeline adds per camera (its reader threads, the resized pictures, the snapshot keepsake).
 With `--watch` every camera's snapshot is then asked for once, which makes the cameras *watched*
 (full frames copied for the status page and `yoloedge-ctl snapshot`, see `pipeline.snapshots`),
@@ -229,31 +230,42 @@ def _watch_all(daemon: Daemon, cameras: int) -> None:
 def captures_alone(clip: str, opts: Options) -> CaptureProbe:
     """The cameras' sources without the daemon, in a fresh process (see the module docstring)."""
     command = [sys.executable, "-m", "yoloedge.bench.memory", clip, str(opts.cameras), str(opts.seconds),
-               str(opts.decode_threads)]
+               str(opts.decode_threads), str(opts.fps)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=opts.seconds + 120)
     if result.returncode != 0:
         raise RuntimeError(f"the captures-alone process failed:\n{result.stderr}")
     return CaptureProbe(**json.loads(result.stdout.strip().splitlines()[-1]))
 
 
-def _probe(clip: str, cameras: int, seconds: float, decode_threads: int) -> dict:
-    """In the fresh process: open `cameras` sources of `clip`, read them paced at the clip's rate
-    from as many threads for `seconds`, and report RSS before opening and while reading."""
+def _probe(clip: str, cameras: int, seconds: float, decode_threads: int, fps: float) -> dict:
+    """In the fresh process: open `cameras` sources of `clip`, and read them paced at the clip's
+    rate from as many threads for `seconds` as the daemon's readers do: every frame grabbed, the
+    ones `fps` keeps retrieved into a buffer of a shared pool and given back at once. Reports RSS
+    before opening and while reading."""
     from ..sources.capture import open_source
+    from ..sources.framepool import FramePool
+    from ..sources.reader import IndexSampler
 
     before = sample_process(os.getpid())
-    sources = [open_source(clip, loop=True, camera=f"cam{i:02d}", decode_threads=decode_threads, reuse_frame=True)
+    sources = [open_source(clip, loop=True, camera=f"cam{i:02d}", decode_threads=decode_threads)
                for i in range(cameras)]
+    pool = FramePool()
     stop = threading.Event()
     counts = [0] * cameras
 
     def read(index: int) -> None:
         source = sources[index]
-        period = 1.0 / (source.nominal_fps or 25.0)
+        clip_fps = source.nominal_fps or 25.0
+        sampler = IndexSampler(clip_fps, min(fps, clip_fps))
         start = time.monotonic()
-        while not stop.is_set() and source.read() is not None:
+        while not stop.is_set() and source.grab():
+            size = source.grabbed_size()
+            if size is not None and sampler.keep(counts[index], 0.0):
+                lent = pool.take((size[1], size[0], 3))
+                source.retrieve(lent)
+                pool.give(lent)
             counts[index] += 1
-            delay = start + counts[index] * period - time.monotonic()
+            delay = start + counts[index] / clip_fps - time.monotonic()
             if delay > 0:
                 stop.wait(delay)
 
@@ -311,6 +323,6 @@ def _cells(opts: Options, baseline: ProcSample, row: Row) -> list[str]:
     return cells
 
 
-if __name__ == "__main__":  # the captures-alone process: CLIP CAMERAS SECONDS DECODE_THREADS
-    clip_arg, cameras_arg, seconds_arg, threads_arg = sys.argv[1:5]
-    print(json.dumps(_probe(clip_arg, int(cameras_arg), float(seconds_arg), int(threads_arg))))
+if __name__ == "__main__":  # the captures-alone process: CLIP CAMERAS SECONDS DECODE_THREADS FPS
+    clip_arg, cameras_arg, seconds_arg, threads_arg, fps_arg = sys.argv[1:6]
+    print(json.dumps(_probe(clip_arg, int(cameras_arg), float(seconds_arg), int(threads_arg), float(fps_arg))))

@@ -2,8 +2,9 @@
 
 It does the first half of the letterbox there -- the resize to the size the frame takes in the
 model input -- into one of a small ring of model-sized buffers owned by the camera, and queues
-that. So a 1080p camera keeps one decoded frame (the decoder's, reused for every read) plus a few
-0.7 MB pictures, instead of queueing 6.2 MB frames; and the resize, the costliest part of the
+that. So a 1080p camera holds its decoded frame only for this call (a buffer lent from the
+cameras' shared pool, `sources.framepool`) and keeps a few 0.7 MB pictures, instead of queueing
+6.2 MB frames; and the resize, the costliest part of the
 letterbox, runs in parallel on the camera threads (cv2.resize releases the GIL). The preparers
 finish the letterbox (pad, colour order, scale) straight into the batch slots.
 

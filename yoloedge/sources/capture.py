@@ -17,9 +17,16 @@ and both grow with the core count. An appliance reads many cameras at once, so t
 comes from the cameras, not from inside one decoder; one thread decodes 1080p H.264 at 110-120
 frames/s on a shared x86 core, 4K at about 30 (`yoloedge bench decode --decode-threads 1,2,4`).
 
-What a capture holds, at 1080p: the decoder's reference and reordered pictures (3.1 MB each; 3 for
-a stream without B-frames, 7 with them), OpenCV's own BGR picture and swscale context (7.2 MB), and
-the BGR array it copies that picture into -- with `reuse_frame` the same array for every read.
+What a capture holds, at 1080p: FFmpeg's pictures, 3.1 MB each and, for H.264, about 1 MB more
+of motion vectors and macroblock tables per picture -- 3 pictures for a stream without B-frames,
+5 to 7 with them (the stream decides: 20.9 MB for one x264 clip, 29.3 MB for a longer encode of
+the same scene) -- the demuxer and codec contexts (about 1.8 MB), and, from the first retrieve(),
+OpenCV's own BGR picture (6.3 MB) and swscale context: OpenCV converts into that picture and then
+copies it into the caller's array, and its API has no way around the copy. That array is the
+reader's: `OpenCvCapture` retrieves only the frames a camera keeps, into a buffer the reader
+borrows from a `FramePool` shared by the cameras for as long as its sink needs the frame, so a
+1080p camera costs a share of one or two 6.2 MB buffers instead of one of its own, and the
+frames it skips are never converted (`yoloedge bench memory`, README "Memory per camera").
 """
 
 from __future__ import annotations
@@ -153,7 +160,13 @@ def _check_decode_threads(cap: cv2.VideoCapture, decode_threads: int) -> None:
 
 
 class Source:
-    """A frame source. Subclasses implement `read()`; `eof`/`error` explain a None from it."""
+    """A frame source. Subclasses implement `read()`, or `grab()` and `retrieve()` (OpenCV captures,
+    `OpenCvCapture`); `eof`/`error` explain a None or False from them.
+
+    The reader takes every frame in two steps: `grab()` the next frame, and `retrieve()` it only
+    when it is kept (sampling, late frames). The defaults build both on `read()`, so a source that
+    can do no better keeps its own array and hands it over as it is.
+    """
 
     kind: SourceKind
     is_live: bool = True
@@ -162,70 +175,140 @@ class Source:
     #: the JPEG decoder in use (`jpeg.JpegDecoderKind` value) for folders and HTTP cameras; None
     #: for sources whose frames are not JPEGs
     jpeg_decoder: str | None = None
+    #: retrieve() converts into the array it is given (OpenCV captures): the reader lends it one
+    #: from its `FramePool`. Other sources hand over arrays of their own and ignore it.
+    fills_buffers = False
 
     def __init__(self, description: str, camera: str | None = None):
         self.description = description  # redacted; used in logs and errors
         self.camera = camera  # for log records (journald CAMERA=)
         self.eof = False
         self.error: str | None = None
-        #: decode every frame into the same array (OpenCV captures): for a reader whose sink is
-        #: done with a frame when it returns. Saves a frame-sized allocation (6.2 MB at 1080p)
-        #: per read, and the memory the allocator keeps around after freeing them.
+        #: decode every frame into the same array: for a reader whose sink is done with a frame
+        #: when it returns. Saves a frame-sized allocation (6.2 MB at 1080p) per read, and the
+        #: memory the allocator keeps around after freeing them.
         self.reuse_frame = False
         self._frame: np.ndarray | None = None
+        self._grabbed: np.ndarray | None = None  # the default grab()'s frame, until retrieved
         #: images skipped because they could not be read or were over the bounds (folders)
         self.skipped = 0
 
     def _warn(self, msg: str, *args: object) -> None:
         log.warning(msg, *args, extra={"camera": self.camera})
 
-    def _read_capture(self, cap: cv2.VideoCapture) -> np.ndarray | None:
-        """cap.read(), into the previous frame's array when `reuse_frame` is set (OpenCV writes
-        in place when size and type match, and returns a new array when they changed)."""
-        if self.reuse_frame and self._frame is not None:
-            ok, image = cap.read(self._frame)
-        else:
-            ok, image = cap.read()
-        if not ok or image is None:
-            return None
-        if self.reuse_frame:
-            self._frame = image
-        return image
-
     def read(self) -> np.ndarray | None:
         raise NotImplementedError
+
+    def grab(self) -> bool:
+        """Take the next frame without handing it over; False at the end or on a failure (see
+        `eof` and `error`). Default: read() it, and hold it for retrieve()."""
+        self._grabbed = None
+        self._grabbed = self.read()
+        return self._grabbed is not None
+
+    def grabbed_size(self) -> tuple[int, int] | None:
+        """(width, height) of the grabbed frame as retrieve() would give it, without retrieving it."""
+        image = self._grabbed
+        return None if image is None else (int(image.shape[1]), int(image.shape[0]))
+
+    def retrieve(self, out: np.ndarray | None = None) -> np.ndarray | None:
+        """The grabbed frame as a BGR (or gray) image; None on a failure (see `error`). A source
+        that `fills_buffers` writes it into `out` when the shape fits (else into a new array);
+        the default hands over read()'s own array and does not use `out`."""
+        image, self._grabbed = self._grabbed, None
+        return image
 
     def release(self) -> None:
         """Free the device/connection. Idempotent."""
 
 
-class CaptureSource(Source):
+class OpenCvCapture(Source):
+    """What every cv2.VideoCapture source shares: `grab()` decodes (no conversion, no copy),
+    `retrieve(out)` converts to BGR and copies into `out`.
+
+    So the frames a camera does not keep are never converted, and a kept frame costs the reader
+    only a buffer lent for as long as the sink needs it (see `framepool`), not an array per camera.
+    The size of a grabbed frame comes from the capture's FRAME_WIDTH/HEIGHT: FFmpeg's backend
+    scales every frame to the size it opened the stream with (and turns it as the stream's
+    rotation says), so those are the size retrieve() gives. Should a backend not tell (0), the
+    frame is converted to learn it.
+    """
+
+    fills_buffers = True
+    _cap: cv2.VideoCapture | None
+
+    def read(self) -> np.ndarray | None:
+        """grab() and retrieve(), into the previous frame's array when `reuse_frame` is set."""
+        if not self.grab():
+            return None
+        image = self.retrieve(self._frame if self.reuse_frame else None)
+        if image is not None and self.reuse_frame:
+            self._frame = image
+        return image
+
+    def _grab_capture(self) -> bool:
+        """cap.grab(); the frame converted to learn its size, held for retrieve(), is forgotten."""
+        self._grabbed = None
+        cap = self._cap
+        return cap is not None and bool(cap.grab())
+
+    def grabbed_size(self) -> tuple[int, int] | None:
+        cap = self._cap
+        if cap is None:
+            return None
+        width, height = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        if width > 0 and height > 0:
+            return width, height
+        if self._grabbed is None:  # the backend does not say: convert it now, hand it over later
+            self._grabbed = self._retrieve_capture(None)
+        return super().grabbed_size()
+
+    def retrieve(self, out: np.ndarray | None = None) -> np.ndarray | None:
+        if self._grabbed is not None:  # converted already by grabbed_size()
+            return super().retrieve(out)
+        return self._retrieve_capture(out)
+
+    def _retrieve_capture(self, out: np.ndarray | None) -> np.ndarray | None:
+        """cap.retrieve(): OpenCV writes into `out` when size and type match, and returns a new
+        array when they do not."""
+        cap = self._cap
+        if cap is None:
+            self.error = "source released"
+            return None
+        ok, image = cap.retrieve(out) if out is not None else cap.retrieve()
+        if not ok or image is None:
+            self.error = f"{self.description}: a frame could not be converted"
+            return None
+        return image
+
+    def release(self) -> None:
+        cap, self._cap = self._cap, None
+        self._grabbed = None
+        if cap is not None:
+            cap.release()
+
+
+class CaptureSource(OpenCvCapture):
     """Anything cv2.VideoCapture reads: network streams, video files, V4L2 devices."""
 
     def __init__(self, kind: SourceKind, cap: cv2.VideoCapture, description: str, camera: str | None = None):
         super().__init__(description, camera)
         self.kind = kind
         self.is_live = kind.is_live
-        self._cap: cv2.VideoCapture | None = cap
+        self._cap = cap
         self.nominal_fps = plausible_fps(cap.get(cv2.CAP_PROP_FPS))
 
-    def read(self) -> np.ndarray | None:
+    def grab(self) -> bool:
         if self._cap is None:
             self.error = "source released"
-            return None
-        image = self._read_capture(self._cap)
-        if image is not None:
-            return image
+            return False
+        if self._grab_capture():
+            return True
         self.error = f"{self.description}: stream ended or read failed"
-        return None
-
-    def release(self) -> None:
-        cap, self._cap = self._cap, None
-        if cap is not None:
-            cap.release()
+        return False
 
 
-class VideoFileSource(Source):
+class VideoFileSource(OpenCvCapture):
     """A video file; with `loop` it is reopened at its end and reading goes on."""
 
     kind = SourceKind.FILE
@@ -237,35 +320,32 @@ class VideoFileSource(Source):
         self._path = path
         self._loop = loop
         self._decode_threads = decode_threads
-        self._cap: cv2.VideoCapture | None = open_video_file(path, decode_threads)
+        self._cap = open_video_file(path, decode_threads)
         self.nominal_fps = plausible_fps(self._cap.get(cv2.CAP_PROP_FPS))
         self.frame_count = max(0, int(self._cap.get(cv2.CAP_PROP_FRAME_COUNT)))
         self._frames_this_pass = 0
 
-    def read(self) -> np.ndarray | None:
-        image = self._read_once()
-        if image is not None or not self._loop or self._frames_this_pass == 0:
-            if image is None:
-                self._note_end()
-            return image
+    def grab(self) -> bool:
+        if self._grab_once():
+            return True
+        if not self._loop or self._frames_this_pass == 0:
+            self._note_end()
+            return False
         try:
             self._rewind()
         except SourceError as exc:
             self.error = str(exc)
-            return None
-        image = self._read_once()
-        if image is None:
-            self._note_end()
-        return image
+            return False
+        if self._grab_once():
+            return True
+        self._note_end()
+        return False
 
-    def _read_once(self) -> np.ndarray | None:
-        if self._cap is None:
-            return None
-        image = self._read_capture(self._cap)
-        if image is None:
-            return None
+    def _grab_once(self) -> bool:
+        if not self._grab_capture():
+            return False
         self._frames_this_pass += 1
-        return image
+        return True
 
     def _rewind(self) -> None:
         """Start again at the first frame. Reopening is slower than seeking but works for every
@@ -284,11 +364,6 @@ class VideoFileSource(Source):
         if self.frame_count and self._frames_this_pass < self.frame_count - max(2, self.frame_count // 100):
             self._warn("%s: ended after %d of %d frames the container announced",
                        self._path, self._frames_this_pass, self.frame_count)
-
-    def release(self) -> None:
-        cap, self._cap = self._cap, None
-        if cap is not None:
-            cap.release()
 
 
 #: a folder source names this many skipped images in the log, one line each, then only counts them

@@ -18,9 +18,9 @@ import numpy as np
 class Frame:
     camera: str
     seq: int  # per-camera sequence number, from 0, counting every frame read from the camera
-    #: BGR (or gray/BGRA), any size, as the decoder returned it. A reader started with
-    #: `reuse_frames` decodes the next frame into this same array: a sink must be done with it
-    #: (or have copied what it needs) when it returns.
+    #: BGR (or gray/BGRA), any size, as the decoder returned it. A reader given a `FramePool`
+    #: reuses this array once the sink returns (lent to the next frame of any camera, or decoded
+    #: into again): a sink must be done with it (or have copied what it needs) by then.
     image: np.ndarray
     capture_time: float  # wall clock (time.time()) when the frame was read: published as `ts`
     capture_mono: float  # time.monotonic() at the same moment: for latency measurements

@@ -15,8 +15,14 @@ and it did not come right after such a late read (the decoder's held-back frames
 RECOVERY_FRACTION). The abandoned thread is left to return from its read and release its own
 capture: releasing an OpenCV capture while another thread is inside read() is not safe.
 
-Nothing is shared between readers, so one broken camera cannot slow another. Frames leave through
-a sink callable (see `frame.FrameSink`): the reader does not know what is behind it.
+Nothing is shared between readers but a `FramePool` (a lock held for a list operation, never
+waited on otherwise), so one broken camera cannot slow another. Frames leave through a sink
+callable (see `frame.FrameSink`): the reader does not know what is behind it.
+
+Every frame is grabbed (decoded), but only the frames the camera keeps are retrieved (converted
+to BGR and copied): a camera sampled from 30 to 5 fps converts one frame in six. With a pool, a
+kept frame of an OpenCV capture is retrieved into a buffer lent for the sink call and given back
+when the sink returns; other sources decode into an array of their own (`reuse_frame`).
 """
 
 from __future__ import annotations
@@ -31,8 +37,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable
 
-import numpy as np
-
 from ..backoff import Backoff
 from ..config.schema import CameraConfig
 from ..metrics import RateMeter
@@ -41,6 +45,7 @@ from ..threads import lower_priority
 from ..timeutil import utc_timestamp
 from .capture import Source, SourceError, SourceKind, UnsupportedSourceError
 from .frame import Frame, FrameSink, SinkClosed
+from .framepool import FramePool
 from .gstreamer import camera_description, open_camera
 from .imagesize import DEFAULT_LIMITS, ImageLimits, over_pixel_bound
 from .state import CameraState
@@ -210,17 +215,22 @@ class CameraReader:
 
     `limits` bounds what a camera may hand us: image files over it are skipped, and a stream
     whose frames are over its pixel bound fails like a broken one (backoff, retry), before the
-    frame goes anywhere: one hostile camera must not take the memory every camera needs.
+    frame goes anywhere: one hostile camera must not take the memory every camera needs. The size
+    of a frame is known from the source before it is retrieved, so an oversized one is refused
+    before its BGR picture is made.
+
+    With a `pool` the sink must be done with each frame when it returns (or have copied what it
+    needs): OpenCV captures retrieve into buffers lent from the pool and given back right after
+    the sink call; other sources decode the next frame into the same array.
     """
 
     def __init__(self, config: CameraConfig, sink: FrameSink, stall_timeout_s: float,
                  on_state: StateCallback | None = None, clock: Callable[[], float] = time.monotonic,
-                 reuse_frames: bool = False, limits: ImageLimits = DEFAULT_LIMITS):
+                 pool: FramePool | None = None, limits: ImageLimits = DEFAULT_LIMITS):
         self._config = config
         self._limits = limits
         self._sink = sink
-        #: the sink is done with each frame when it returns: decode the next one into the same array
-        self._reuse_frames = reuse_frames
+        self._pool = pool
         self._stall_timeout_s = stall_timeout_s
         self._on_state = on_state
         self._clock = clock
@@ -513,7 +523,7 @@ class CameraReader:
         lower_priority()  # decoding is host work: the device worker comes first (see yoloedge.threads)
         source: Source | None = None
         try:
-            source, decoder = open_camera(self._config, camera=self.name, reuse_frame=self._reuse_frames,
+            source, decoder = open_camera(self._config, camera=self.name, reuse_frame=self._pool is not None,
                                           image_limits=self._limits)
             with self._lock:
                 self._jpeg_decoder = source.jpeg_decoder
@@ -535,7 +545,8 @@ class CameraReader:
             conn.finish(Outcome.ERROR, "connection ended")  # no-op when it already has an outcome
 
     def _pump(self, conn: Connection, source: Source) -> None:
-        """Read, pace, sample and queue frames until the source ends or we are cancelled."""
+        """Grab, pace, sample, and retrieve and queue the kept frames, until the source ends or
+        we are cancelled."""
         plan = delivery_plan(self._config, source)
         self._log_plan(source, plan)
         late_after = LATE_READ_FRACTION * self._config.read_timeout_s if plan.detects_late_reads else None
@@ -547,19 +558,20 @@ class CameraReader:
                 schedule_start = self._pace(conn, schedule_start, index, plan.pace_fps)
                 if conn.cancelled.is_set():
                     return
-            image, read_s = self._timed_read(conn, source)
+            grabbed, read_s = self._timed_grab(conn, source)
             self._count_skipped(conn, source)
             if conn.cancelled.is_set():
                 return  # abandoned while reading: whatever came back is stale
-            if image is None:
+            if not grabbed:
                 timed_out = late_after is not None and read_s >= late_after
                 self._finish_source(conn, source, timed_out)
                 return
-            too_large = over_pixel_bound(int(image.shape[1]), int(image.shape[0]), self._limits)
-            if too_large is not None:
-                conn.finish(Outcome.ERROR, self._scrub(f"{source.description}: a frame of {too_large}"))
+            size = source.grabbed_size()
+            if size is None:  # the conversion that was to tell it failed
+                conn.finish(Outcome.ERROR, self._scrub(source.error or f"{source.description}: a frame of no size"))
                 return
-            self._note_size(conn, source, image)
+            if not self._size_ok(conn, source, size):
+                return
             seq = self._count_frame_in(conn)
             if seq is None:
                 return
@@ -570,12 +582,42 @@ class CameraReader:
                 self._count_late(read_s)
                 continue
             if conn.late_at is None or now - conn.late_at >= recovery_s:
-                self._note_good_frame(conn, image, now)  # proof of life: restarts the stall clock
+                self._note_good_frame(conn, size, now)  # proof of life: restarts the stall clock
             if not plan.sampler.keep(frame_index, now):
                 with self._lock:
                     self._sampled_out += 1
                 continue
+            if not self._retrieve_and_deliver(conn, source, size, seq):
+                return
+
+    def _size_ok(self, conn: Connection, source: Source, size: tuple[int, int]) -> bool:
+        """Refuse a frame over the pixel bound (the connection fails); note a change of size."""
+        too_large = over_pixel_bound(size[0], size[1], self._limits)
+        if too_large is not None:
+            conn.finish(Outcome.ERROR, self._scrub(f"{source.description}: a frame of {too_large}"))
+            return False
+        self._note_size(conn, source, size)
+        return True
+
+    def _retrieve_and_deliver(self, conn: Connection, source: Source, size: tuple[int, int], seq: int) -> bool:
+        """The kept frame retrieved (into a buffer lent from the pool, given back once the sink
+        has returned) and handed to the sink. False when the connection is to end."""
+        width, height = size
+        pool = self._pool if source.fills_buffers else None
+        lent = pool.take((height, width, 3)) if pool is not None else None
+        try:
+            image = source.retrieve(lent)
+            if image is None:
+                conn.finish(Outcome.ERROR, self._scrub(source.error or f"{source.description}: retrieve failed"))
+                return False
+            actual = (int(image.shape[1]), int(image.shape[0]))
+            if actual != size and not self._size_ok(conn, source, actual):  # the source said another size
+                return False
             self._deliver(conn, Frame(self.name, seq, image, time.time(), time.monotonic()))
+            return True
+        finally:
+            if pool is not None and lent is not None:
+                pool.give(lent)
 
     def _pace(self, conn: Connection, schedule_start: float, index: int, fps: float) -> float:
         """Wait until frame `index` is due, as a camera would deliver it. Returns the schedule
@@ -588,17 +630,17 @@ class CameraReader:
             conn.cancelled.wait(due - now)
         return schedule_start
 
-    def _timed_read(self, conn: Connection, source: Source) -> tuple[np.ndarray | None, float]:
+    def _timed_grab(self, conn: Connection, source: Source) -> tuple[bool, float]:
         if conn.last_good_at is not None and conn.progress_mark is not None \
                 and conn.progress_mark < conn.last_good_at:
             conn.progress_mark = self._clock()  # the stall clock starts with the first read after a good frame
         started = self._clock()
         conn.reading = True
         try:
-            image = source.read()
+            grabbed = source.grab()
         finally:
             conn.reading = False
-        return image, self._clock() - started
+        return grabbed, self._clock() - started
 
     def _finish_source(self, conn: Connection, source: Source, timed_out: bool) -> None:
         """Record why the source gave no frame. A stream read that failed only after its whole
@@ -631,12 +673,11 @@ class CameraReader:
             with self._lock:
                 self._images_skipped += new
 
-    def _note_size(self, conn: Connection, source: Source, image: np.ndarray) -> None:
+    def _note_size(self, conn: Connection, source: Source, size: tuple[int, int]) -> None:
         """Say once per connection and size when a camera's frames change size (it switched its
         resolution): mid-stream, where the source hands frames over at their own size (GStreamer,
         the MJPEG reader; OpenCV's FFmpeg scales them to the connection's first size), or from one
         connection to the next. The images of a folder may have any size."""
-        size = (int(image.shape[1]), int(image.shape[0]))
         if size == conn.size:
             return
         mid_stream = conn.size is not None
@@ -662,10 +703,10 @@ class CameraReader:
         self._log(logging.DEBUG, "camera %s: frame came %.1f s late (held back by the decoder), not used",
                   self.name, read_s)
 
-    def _note_good_frame(self, conn: Connection, image: np.ndarray, now: float) -> None:
+    def _note_good_frame(self, conn: Connection, size: tuple[int, int], now: float) -> None:
         conn.last_good_at = now
         if conn.first_frame_at is None:
-            conn.frame_size = (int(image.shape[1]), int(image.shape[0]))
+            conn.frame_size = size
             conn.first_frame_at = now
             conn.wakeup.set()
         with self._lock:
