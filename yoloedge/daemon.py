@@ -2,7 +2,7 @@
 
 The daemon only wires the parts together, starts them, reloads and stops them; the frames' path
 lives in `pipeline/` (readers -> queues -> preparers -> device workers -> post-processing ->
-`pipeline.results` -> MQTT).
+`pipeline.results` -> its stages and sinks: MQTT, Home Assistant, watch, snapshots, metrics).
 
 Start-up order: control socket (so `yoloedge-ctl status` answers while models load), MQTT
 (connects in the background), accelerators (load + warm up every model), then READY=1 and
@@ -45,7 +45,8 @@ from .health.progress import Problem, ProgressTracker
 from .health.signals import SIGNAL_ACTIONS, SignalAction, SignalDispatcher, SignalInbox, signal_name
 from .pipeline.cameras import CameraRuntime, is_lossless, queue_size_for
 from .pipeline.groups import AcceleratorGroup
-from .pipeline.results import ResultPublisher
+from .pipeline.results import ResultRouter
+from .pipeline.sinks import SinkContext, build_sinks
 from .pipeline.snapshots import SnapshotStore, snapshot_reply
 from .pipeline.worker import WorkerState
 from .publish.homeassistant import Discovery
@@ -139,8 +140,8 @@ class Daemon:
         self._lock = threading.RLock()
         self.watchers = WatchHub()  # `yoloedge-ctl watch` subscriptions
         # one plain read per frame (no lock on the frames' path): a single read cannot see it change
-        self.results = ResultPublisher(self.cameras, lambda: self.publisher, config.model.path,
-                                       snapshots=self.snapshots, watch=self.watchers.publish)
+        self.results = ResultRouter(self.cameras, config.model.path, sinks=build_sinks(
+            SinkContext(lambda: self.publisher, snapshots=self.snapshots, watchers=self.watchers)))
 
     # -- public entry ------------------------------------------------------------------------
     def run(self) -> int:
@@ -327,9 +328,7 @@ class Daemon:
         self.snapshots.add(camera.name)
         with self._lock:
             self.cameras[camera.name] = runtime
-            publisher = self.publisher
-        if publisher is not None:  # before its first state: Home Assistant discovery
-            publisher.announce_camera(camera.name, camera.classes)
+        self.results.camera_added(camera)  # before its first state: Home Assistant discovery
         if reader is None:
             self.results.camera_state(camera.name, runtime.state, failed or "enabled: false")
         runtime.start()
@@ -363,9 +362,8 @@ class Daemon:
         self._removed.append(runtime)
         if dropped:
             log.info("camera %s removed with %d queued frame(s) discarded", name, dropped, extra={"camera": name})
-        publisher = self._current_publisher()
-        if clear_state and publisher is not None:
-            publisher.clear_camera(name)
+        if clear_state:  # its retained state and Home Assistant entities go
+            self.results.camera_removed(name)
 
     # -- main loop ---------------------------------------------------------------------------
     def _main_loop(self) -> None:
@@ -646,6 +644,7 @@ class Daemon:
             "accelerators": accelerators,
             "cameras": cameras,
             "mqtt": mqtt,
+            "sinks": self.results.stats(),  # each result sink's and stage's errors
             "watchers": self.watchers.stats(),  # `yoloedge-ctl watch` clients: queued, dropped
             **self._listener_stats(),  # "http", "control": where, and how accept() fares
         }

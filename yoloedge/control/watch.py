@@ -90,6 +90,11 @@ class WatchHub:
         with self._lock:
             self._subs = tuple(s for s in self._subs if s is not sub)
 
+    @property
+    def watched(self) -> bool:
+        """Someone watches: without watchers, no message needs to be built for them."""
+        return bool(self._subs)
+
     def publish(self, camera: str, message: dict) -> None:
         """A detection message went out for `camera`: queue it for its watchers (encoded once)."""
         subs = self._subs

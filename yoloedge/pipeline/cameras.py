@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Sequence
+
+import numpy as np
 
 from ..config.schema import CameraConfig
+from ..postprocess import label_of
 from ..metrics import BucketCounts, LatencyWindow, RateMeter
 from ..sources.reader import CameraReader
 from ..sources.state import CameraState
 from .intake import CameraIntake
 from .queues import FrameQueue
-from .slots import SlotMeta
 
 #: A file processed losslessly keeps this many frames per batch slot ready, so a batch can fill.
 LOSSLESS_DEPTH_PER_BATCH = 2
@@ -84,23 +87,27 @@ class CameraRuntime:
         if self.intake is not None:
             self.intake.close()
 
-    def record_published(self, meta: SlotMeta, started: float, inferred: float, published: float) -> None:
+    def record_frame(self, captured: float, taken: float, started: float, inferred: float,
+                     published: float) -> None:
+        """One frame handed to the sinks (monotonic times of its stages, see `pipeline.results`)."""
         self.published_frames += 1
         self.published.mark()
-        self.latency_ms.add((published - meta.capture_mono) * 1000)
-        self.latency_buckets.add(published - meta.capture_mono)
+        self.latency_ms.add((published - captured) * 1000)
+        self.latency_buckets.add(published - captured)
         stages = self.stage_ms
-        stages["queue"].add((meta.taken_mono - meta.capture_mono) * 1000)
-        stages["batch"].add((started - meta.taken_mono) * 1000)
+        stages["queue"].add((taken - captured) * 1000)
+        stages["batch"].add((started - taken) * 1000)
         stages["inference"].add((inferred - started) * 1000)
         stages["publish"].add((published - inferred) * 1000)
 
-    def count_detections(self, detections: list[dict]) -> None:
-        """The published message's detections, per label (its own labels, so /metrics and MQTT
-        agree by construction)."""
+    def count_labels(self, class_ids: np.ndarray, labels: Sequence[str]) -> None:
+        """One frame's detections as published, per label (the label the message gives, so
+        /metrics and MQTT agree by construction)."""
+        if not len(class_ids):
+            return
         with self._detections_lock:
-            for det in detections:
-                label = det["label"]
+            for cid in class_ids.tolist():
+                label = label_of(labels, cid)
                 self._detections[label] = self._detections.get(label, 0) + 1
 
     def detections_by_label(self) -> dict[str, int]:

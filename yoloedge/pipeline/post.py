@@ -26,7 +26,7 @@ from .slots import OutputSet, SlotMeta
 
 log = logging.getLogger(__name__)
 
-#: sink(meta, detections, output_set): filters, message, publish (see `results.ResultPublisher`)
+#: sink(meta, detections, output_set): filters, stages, sinks (see `results.ResultRouter`)
 Sink = Callable[[SlotMeta, Detections, OutputSet], None]
 _Decoded = tuple[OutputSet | None, list[Detections | None]]
 

@@ -8,6 +8,11 @@ from typing import Sequence
 import numpy as np
 
 
+def label_of(labels: Sequence[str], class_id: int) -> str:
+    """A class id's label; ids past the model's labels are "class<id>" (as in every message)."""
+    return labels[class_id] if 0 <= class_id < len(labels) else f"class{class_id}"
+
+
 @dataclass
 class Detections:
     boxes: np.ndarray  # (n, 4) float32, x1 y1 x2 y2 in source pixels
@@ -29,7 +34,7 @@ class Detections:
         out = []
         for box, score, cid in zip(self.boxes.tolist(), self.scores.tolist(), self.class_ids.tolist()):
             out.append({
-                "label": labels[cid] if 0 <= cid < len(labels) else f"class{cid}",
+                "label": label_of(labels, cid),
                 "class_id": int(cid),
                 "score": round(float(score), 6),
                 "box": [round(float(v), decimals) for v in box],

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..postprocess import Detections
+from ..postprocess import Detections, label_of
 from ..timeutil import utc_timestamp
 
 SCHEMA_VERSION = 1
@@ -17,7 +17,7 @@ def filter_detections(dets: Detections, labels: Sequence[str], classes: frozense
     """Apply a camera's own filters (on top of the model's thresholds)."""
     keep = np.ones(len(dets), bool)
     if classes is not None:
-        names = np.array([labels[c] if 0 <= c < len(labels) else f"class{c}" for c in dets.class_ids.tolist()],
+        names = np.array([label_of(labels, c) for c in dets.class_ids.tolist()],
                          dtype=object)
         keep &= np.isin(names, list(classes)) if len(names) else keep
     if min_score is not None:

@@ -125,6 +125,8 @@ logger = logging.getLogger(__name__)
 #: protocol version used for every connection (see the module docstring for why).
 PROTOCOL = mqtt.MQTTv311
 STATUS_QOS = 1
+#: events and line/zone counts: at least once, whatever `mqtt.qos` says (through the spool when on)
+EVENT_QOS = 1
 #: at most one "dropped messages" warning per this many seconds; the rest are summed into it.
 DROP_LOG_INTERVAL_S = 10.0
 #: an error of one kind that persists is logged as a warning again after this many seconds.
@@ -476,21 +478,39 @@ class MqttPublisher:
 
     def publish_detections(self, camera: str, message: dict) -> bool:
         """One frame's detections of `camera` (the pipeline builds the message)."""
-        published = self.publish(self.topics.detections(camera), message)
-        if self._ha is not None:
-            self._count_objects(self._ha, camera, message)
-        return published
+        return self.publish(self.topics.detections(camera), message)
 
     def publish_camera_state(self, camera: str, state: dict) -> bool:
         """Retained state of `camera`, so a new subscriber sees it at once."""
-        published = self.publish(self.topics.camera_state(camera), state, retain=True)
-        if state.get("state") == str(CameraState.STREAMING):
+        return self.publish(self.topics.camera_state(camera), state, retain=True)
+
+    def publish_event(self, camera: str, message: dict) -> bool:
+        """One event of `camera` (new, update, end): QoS 1 whatever `mqtt.qos` says, through the
+        spool when there is one, so an event is not lost to an outage."""
+        return self.publish(self.topics.events(camera), message, qos=EVENT_QOS)
+
+    def publish_counts(self, camera: str, kind: str, name: str, payload: dict) -> bool:
+        """The retained counts of one line (`kind` "line") or zone ("zone") of `camera`."""
+        return self.publish(self.topics.counts(camera, kind, name), payload, retain=True, qos=EVENT_QOS)
+
+    def clear_counts(self, camera: str, kind: str, name: str) -> bool:
+        """Delete a removed line's or zone's retained counts (an empty retained message)."""
+        return self.publish(self.topics.counts(camera, kind, name), b"", retain=True, qos=EVENT_QOS)
+
+    def count_objects(self, camera: str, labels: Sequence[str]) -> None:
+        """Home Assistant: the labels of one frame's detections as published (the pipeline's
+        Home Assistant sink calls it for every frame whose detections message goes out)."""
+        if self._ha is not None:
+            self._count_objects(self._ha, camera, labels)
+
+    def objects_state(self, camera: str, state: CameraState) -> None:
+        """Home Assistant: `camera` changed state; one that stops streaming sees nothing now."""
+        if state is CameraState.STREAMING:
             self._discovery.resume_counts(camera)
         elif self._ha is not None:
             zeros = self._ha.discovery.clear_counts(camera, self._clock())  # nothing in view now
             if zeros is not None:
                 self._publish_discovery([self._ha.objects(camera, zeros)])
-        return published
 
     def clear_camera(self, camera: str) -> bool:
         """Delete the retained state of a removed camera (an empty retained message), and its
@@ -512,10 +532,9 @@ class MqttPublisher:
                                     removal=True)
         self._publish_discovery(self._ha.configs(camera, self._ha.discovery.labels(camera) or []))
 
-    def _count_objects(self, ha: Renderer, camera: str, message: dict) -> None:
+    def _count_objects(self, ha: Renderer, camera: str, labels: Sequence[str]) -> None:
         """The objects-in-view counts from the message as published; a label seen for the first
         time (a camera without `classes`) gets its sensor first."""
-        labels = [str(det.get("label")) for det in message.get("detections", ())]
         new, counts = ha.discovery.count(camera, labels, self._clock())
         out = ha.label_configs(camera, new) if new else []
         if counts is not None:

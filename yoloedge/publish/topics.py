@@ -7,6 +7,9 @@ Layout (see docs/mqtt.md)::
     {prefix}/{device_id}/cameras/{camera}/state       retained, QoS mqtt.qos
     {prefix}/{device_id}/stats                        QoS mqtt.qos
     {prefix}/{device_id}/cameras/{camera}/objects     retained, QoS 1 (Home Assistant only)
+    {prefix}/{device_id}/cameras/{camera}/events      QoS 1 (zones/lines/tracking events)
+    {prefix}/{device_id}/cameras/{camera}/lines/{line} retained, QoS 1 (a line's in/out counts)
+    {prefix}/{device_id}/cameras/{camera}/zones/{zone} retained, QoS 1 (a zone's counts)
 
 Names are checked here because a camera called "a/b" or "cam+1" would silently publish to
 another topic level, or make the broker reject the publish as a wildcard topic.
@@ -61,6 +64,18 @@ def camera_objects_topic(prefix: str, device_id: str, camera: str) -> str:
     return f"{_camera_base(prefix, device_id, camera)}/objects"
 
 
+def events_topic(prefix: str, device_id: str, camera: str) -> str:
+    """`camera`'s tracked objects' events (new, update, end)."""
+    return f"{_camera_base(prefix, device_id, camera)}/events"
+
+
+def counts_topic(prefix: str, device_id: str, camera: str, kind: str, name: str) -> str:
+    """Retained counts of one of `camera`'s lines (`kind` "line") or zones ("zone")."""
+    if kind not in ("line", "zone"):
+        raise ValueError(f"counts kind {kind!r}: must be 'line' or 'zone'")
+    return f"{_camera_base(prefix, device_id, camera)}/{kind}s/{_level(name, f'{kind} name')}"
+
+
 def stats_topic(prefix: str, device_id: str) -> str:
     """Periodic counters of the whole device."""
     return f"{_prefix(prefix)}/{_level(device_id, 'device id')}/stats"
@@ -97,3 +112,9 @@ class Topics:
 
     def camera_objects(self, camera: str) -> str:
         return camera_objects_topic(self.prefix, self.device_id, camera)
+
+    def events(self, camera: str) -> str:
+        return events_topic(self.prefix, self.device_id, camera)
+
+    def counts(self, camera: str, kind: str, name: str) -> str:
+        return counts_topic(self.prefix, self.device_id, camera, kind, name)

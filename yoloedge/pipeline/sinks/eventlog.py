@@ -1,0 +1,49 @@
+"""The recent events and their best shots (`events.recent.EventLog`: `GET /api/events`,
+`yoloedge-ctl events`): every event message, and the JPEG of each event's best frame, encoded
+from the full frame while the router still holds it (see `stages.FrameKeeper`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..results import FrameResult, Sink
+
+if TYPE_CHECKING:
+    from . import SinkContext
+
+
+class EventLogSink(Sink):
+    name = "event_log"
+
+    def __init__(self, log: Any):
+        self._log = log
+        self.best_shots = 0
+        self.missed_shots = 0  # a better shot whose frame was not kept (see `stages.FrameKeeper`)
+
+    @classmethod
+    def create(cls, context: SinkContext) -> EventLogSink | None:
+        return cls(context.event_log) if context.event_log is not None else None
+
+    def frame(self, result: FrameResult) -> None:
+        batch = result.events
+        if batch is None:
+            return
+        for message in batch.messages:
+            self._log.record(message)
+        for shot in batch.best:
+            if result.image is None:
+                self.missed_shots += 1
+                continue
+            self._log.best_shot(result.camera, shot.event_id, result.image, shot.box, shot.score,
+                                shot.frame_time)
+            self.best_shots += 1
+
+    def events(self, camera: str, batch: Any) -> None:
+        for message in batch.messages:
+            self._log.record(message)
+
+    def camera_removed(self, camera: str) -> None:
+        self._log.forget_camera(camera)
+
+    def stats(self) -> dict:
+        return {"best_shots": self.best_shots, "missed_shots": self.missed_shots, **self._log.stats()}

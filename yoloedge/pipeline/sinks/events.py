@@ -1,0 +1,46 @@
+"""MQTT: the events of tracked objects (`cameras/{camera}/events`, QoS 1) and the retained counts
+of each line and zone (`cameras/{camera}/lines/{line}`, `.../zones/{zone}`), as the events stage
+(`stages`, `yoloedge.events`) makes them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from ...publish.mqtt import MqttPublisher
+from ..results import FrameResult, Sink
+
+if TYPE_CHECKING:
+    from . import SinkContext
+
+
+class EventsSink(Sink):
+    name = "mqtt_events"
+
+    def __init__(self, publisher: Callable[[], MqttPublisher | None]):
+        self._publisher = publisher
+        self.published = 0
+        self.dropped = 0  # refused by the client (its queue limits; see publish.mqtt)
+
+    @classmethod
+    def create(cls, context: SinkContext) -> EventsSink:
+        return cls(context.publisher)
+
+    def frame(self, result: FrameResult) -> None:
+        if result.events is not None:
+            self.events(result.camera, result.events)
+
+    def events(self, camera: str, batch: Any) -> None:
+        publisher = self._publisher()
+        if publisher is None:
+            self.dropped += len(batch.messages)
+            return
+        for message in batch.messages:
+            if publisher.publish_event(camera, message):
+                self.published += 1
+            else:
+                self.dropped += 1
+        for counts in batch.counts:
+            publisher.publish_counts(camera, counts.kind, counts.name, counts.payload)
+
+    def stats(self) -> dict:
+        return {"published": self.published, "dropped": self.dropped}
