@@ -44,6 +44,7 @@ class Seen:
     shape: tuple[int, ...]
     mono: float
     image: np.ndarray | None
+    time: float = 0.0  # Frame.time: the media time for files
 
 
 class Collector:
@@ -75,7 +76,7 @@ class Collector:
 
     def _record(self, frame: Frame) -> None:
         image = frame.image if len(self.seen) < self._keep_images else None
-        self.seen.append(Seen(frame.seq, frame.image.shape, frame.capture_mono, image))
+        self.seen.append(Seen(frame.seq, frame.image.shape, frame.capture_mono, image, frame.time))
 
     @property
     def seqs(self) -> list[int]:
@@ -220,6 +221,11 @@ def test_file_with_loop_restarts_and_keeps_counting_seq(media, run_reader):
     assert seqs == list(range(len(seqs)))  # lossless: no gaps, no repeats, across the restarts
     first, after_restart = collector.seen[0].image, collector.seen[84].image
     assert np.array_equal(first, after_restart)  # frame 84 is frame 0 again
+    # read far faster than its 15 fps, yet its frames' times are the file's own, going on in
+    # media time across the restarts: what tracking runs on
+    times = np.array([s.time for s in collector.seen[:200]])
+    assert np.allclose(times - times[0], np.arange(200) / 15.0, atol=1e-3)
+    assert abs(times[0] - time.time()) < 60  # counted from the wall clock when the file opened
     assert CameraState.ENDED not in states.states and reader.state is CameraState.STOPPED
 
 

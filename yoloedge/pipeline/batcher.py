@@ -187,6 +187,7 @@ class Batcher:
         meta = buffer.metas[slot]
         meta.camera, meta.seq = frame.camera, frame.seq
         meta.capture_time, meta.capture_mono, meta.taken_mono = frame.capture_time, frame.capture_mono, taken_mono
+        meta.frame_time = frame.frame_time
         meta.geometry = geometry
         with self.lock:
             buffer.filled += 1

@@ -43,6 +43,7 @@ class Resized:
     seq: int = -1
     capture_time: float = 0.0
     capture_mono: float = 0.0
+    frame_time: float = 0.0  # `Frame.time`: what tracking runs on
     image: np.ndarray | None = None  # BGR uint8 (new_h, new_w, 3): the buffer of this ring entry
     geometry: Geometry | None = None
 
@@ -73,6 +74,7 @@ class CameraIntake:
         item.image, item.geometry = self.resizer.resize(frame.image, item.image)
         item.camera, item.seq = frame.camera, frame.seq
         item.capture_time, item.capture_mono = frame.capture_time, frame.capture_mono
+        item.frame_time = frame.time
         self.queue.put(item, timeout_s)
         return True
 

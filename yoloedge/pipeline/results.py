@@ -188,7 +188,7 @@ class ResultRouter:
             return
         result = FrameResult(
             camera=meta.camera, seq=meta.seq, capture_time=meta.capture_time,
-            capture_mono=meta.capture_mono, frame_time=meta.capture_time, taken_mono=meta.taken_mono,
+            capture_mono=meta.capture_mono, frame_time=meta.frame_time, taken_mono=meta.taken_mono,
             started_mono=started_mono, inferred_mono=inferred_mono, routed_mono=self._clock(),
             labels=labels, model=self._model, runtime=runtime,
             detections=filter_detections(dets, labels, runtime.classes, runtime.config.min_score))

@@ -30,6 +30,8 @@ class SlotMeta:
     seq: int = -1
     capture_time: float = 0.0  # wall clock, published as `ts`
     capture_mono: float = 0.0
+    #: the frame's own time (Unix s; media time for files, see `sources.frame.Frame.frame_time`)
+    frame_time: float = 0.0
     taken_mono: float = 0.0  # left its camera queue to be letterboxed
     geometry: Geometry | None = None  # None: the letterbox failed and the slot holds no frame
 

@@ -118,6 +118,10 @@ def local_path(url: str) -> str:
     return url
 
 
+#: a file that tells neither its frame rate nor its frames' times advances this fast in media time
+DEFAULT_FILE_FPS = 25.0
+
+
 def plausible_fps(value: float) -> float | None:
     low, high = _PLAUSIBLE_FPS
     return float(value) if low <= value <= high else None
@@ -217,6 +221,11 @@ class Source:
         the default hands over read()'s own array and does not use `out`."""
         image, self._grabbed = self._grabbed, None
         return image
+
+    def position_s(self) -> float | None:
+        """The grabbed frame's media time in seconds from the start of the file, continuing
+        across loops; None for live sources (their frames' time is when they were captured)."""
+        return None
 
     def release(self) -> None:
         """Free the device/connection. Idempotent."""
@@ -324,6 +333,9 @@ class VideoFileSource(OpenCvCapture):
         self.nominal_fps = plausible_fps(self._cap.get(cv2.CAP_PROP_FPS))
         self.frame_count = max(0, int(self._cap.get(cv2.CAP_PROP_FRAME_COUNT)))
         self._frames_this_pass = 0
+        self._pass_start_s = 0.0  # media time of this pass's first frame (loops add up)
+        self._position_s = 0.0  # of the grabbed frame
+        self._step_s = 1.0 / (self.nominal_fps or DEFAULT_FILE_FPS)  # last frame-to-frame step
 
     def grab(self) -> bool:
         if self._grab_once():
@@ -345,13 +357,34 @@ class VideoFileSource(OpenCvCapture):
         if not self._grab_capture():
             return False
         self._frames_this_pass += 1
+        self._note_position()
         return True
+
+    def _note_position(self) -> None:
+        """After a grab, FFmpeg's POS_MSEC is that frame's presentation time from the file's start;
+        a backend that does not tell (or goes backwards) gets one step past the previous frame."""
+        cap = self._cap
+        pos_ms = cap.get(cv2.CAP_PROP_POS_MSEC) if cap is not None else -1.0
+        told = math.isfinite(pos_ms) and pos_ms >= 0
+        position = self._pass_start_s + pos_ms / 1000.0 if told else -math.inf
+        previous = self._position_s
+        if self._frames_this_pass == 1:  # a pass's first frame
+            position = max(position, self._pass_start_s)
+        elif position <= previous:
+            position = previous + self._step_s
+        else:
+            self._step_s = position - previous
+        self._position_s = position
+
+    def position_s(self) -> float | None:
+        return self._position_s
 
     def _rewind(self) -> None:
         """Start again at the first frame. Reopening is slower than seeking but works for every
         container and codec, and happens once per pass."""
         log.debug("%s: end of file, starting again (loop)", self._path, extra={"camera": self.camera})
         self.release()
+        self._pass_start_s = self._position_s + self._step_s  # the loop goes on in media time
         self._frames_this_pass = 0
         self._cap = open_video_file(self._path, self._decode_threads)
 

@@ -24,6 +24,15 @@ class Frame:
     image: np.ndarray
     capture_time: float  # wall clock (time.time()) when the frame was read: published as `ts`
     capture_mono: float  # time.monotonic() at the same moment: for latency measurements
+    #: the frame's own time (Unix s), what tracking and events run on: the capture time for live
+    #: sources; for files the wall clock when the file was opened plus the frame's media position
+    #: (continuing across loops), so a file read faster than real time has the same times as one
+    #: played at its rate. None: the capture time.
+    frame_time: float | None = None
+
+    @property
+    def time(self) -> float:
+        return self.capture_time if self.frame_time is None else self.frame_time
 
     @property
     def width(self) -> int:

@@ -177,6 +177,7 @@ class Connection:
         self.wakeup = threading.Event()  # thread: first frame or finished; the supervisor looks
         self.started_at = now
         self.opened_at: float | None = None
+        self.opened_wall = 0.0  # time.time() when the source opened
         self.first_frame_at: float | None = None
         self.last_good_at: float | None = None
         self.late_at: float | None = None  # when the last late read returned
@@ -529,6 +530,7 @@ class CameraReader:
                 self._jpeg_decoder = source.jpeg_decoder
                 self._decoder = decoder.value
             conn.opened_at = conn.progress_mark = self._clock()
+            conn.opened_wall = time.time()  # a file's frame times count from here (`Frame.frame_time`)
             if not conn.cancelled.is_set():
                 self._pump(conn, source)
         except UnsupportedSourceError as exc:
@@ -613,7 +615,10 @@ class CameraReader:
             actual = (int(image.shape[1]), int(image.shape[0]))
             if actual != size and not self._size_ok(conn, source, actual):  # the source said another size
                 return False
-            self._deliver(conn, Frame(self.name, seq, image, time.time(), time.monotonic()))
+            captured = time.time()
+            position = source.position_s()
+            self._deliver(conn, Frame(self.name, seq, image, captured, time.monotonic(),
+                                      None if position is None else conn.opened_wall + position))
             return True
         finally:
             if pool is not None and lent is not None:
