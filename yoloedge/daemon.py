@@ -292,7 +292,8 @@ class Daemon:
     def _start_accelerators(self, cfg: Config) -> bool:
         # Built whole, then published: `status()` answers from the control thread meanwhile, and
         # iterating a dict while this thread inserts into it raises.
-        self.groups = {name: AcceleratorGroup(name, acc, cfg.model, self.tracker, self.results)
+        self.groups = {name: AcceleratorGroup(name, acc, cfg.model, self.tracker, self.results,
+                                                self.results.floor)
                        for name, acc in zip(accelerator_names(cfg), cfg.accelerators)}
         for group in self.groups.values():
             group.start()

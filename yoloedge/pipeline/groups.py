@@ -21,7 +21,7 @@ from ..health.progress import ProgressTracker
 from ..preprocess import Resizer
 from .batcher import Batcher
 from .intake import CameraIntake
-from .post import PostStage, Sink
+from .post import Floor, PostStage, Sink, no_floor
 from .prepare import Preparer, auto_threads
 from .worker import DeviceWorker, WorkerState
 
@@ -30,12 +30,12 @@ log = logging.getLogger(__name__)
 
 class AcceleratorGroup:
     def __init__(self, name: str, config: AcceleratorConfig, model: ModelConfig,
-                 tracker: ProgressTracker, sink: Sink):
+                 tracker: ProgressTracker, sink: Sink, floor: Floor = no_floor):
         self.name = name
         self.config = config
         self.model = model
         self.batcher = Batcher(config.batch_timeout_ms / 1000.0)
-        self.post = PostStage(name, sink, auto_threads(config.post_threads))
+        self.post = PostStage(name, sink, auto_threads(config.post_threads), floor)
         self.workers = [
             DeviceWorker(f"{name}/{device}", config, device, model, self.batcher, self.post, tracker,
                          self._factory(device))

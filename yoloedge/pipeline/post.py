@@ -29,12 +29,20 @@ log = logging.getLogger(__name__)
 #: sink(meta, detections, output_set): filters, stages, sinks (see `results.ResultRouter`)
 Sink = Callable[[SlotMeta, Detections, OutputSet], None]
 _Decoded = tuple[OutputSet | None, list[Detections | None]]
+#: floor(camera): the lowest score to keep for that camera's frames (a tracker's low score, see
+#: `results.ResultRouter.floor`), None for the model's own thresholds
+Floor = Callable[[str], "float | None"]
+
+
+def no_floor(camera: str) -> float | None:
+    return None
 
 
 class PostStage:
-    def __init__(self, name: str, sink: Sink, max_threads: int = 1):
+    def __init__(self, name: str, sink: Sink, max_threads: int = 1, floor: Floor = no_floor):
         self.name = name
         self.sink = sink
+        self.floor = floor
         self.max_threads = max(1, max_threads)
         self.errors = 0
         self._lock = threading.Lock()
@@ -121,7 +129,8 @@ class PostStage:
                 results.append(None)
                 continue
             try:
-                results.append(detector.postprocess_one([o[i] for o in item.outputs], geometry))
+                results.append(detector.postprocess_one([o[i] for o in item.outputs], geometry,
+                                                        self.floor(meta.camera)))
             except Exception:  # noqa: BLE001 - one bad output must not stop the rest
                 self.errors += 1
                 results.append(None)

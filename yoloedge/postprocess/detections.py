@@ -20,6 +20,10 @@ class Detections:
     class_ids: np.ndarray  # (n,) int32
     width: int
     height: int
+    #: which of them pass the model's own thresholds (`conf`, `class_conf`), when post-processing
+    #: was asked to keep candidates below them (for a tracker: `Postprocessor(floor=...)`); None:
+    #: every one does
+    confident: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -28,6 +32,12 @@ class Detections:
     def empty(cls, width: int, height: int) -> "Detections":
         return cls(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32),
                    width, height)
+
+    def take(self, keep: np.ndarray) -> "Detections":
+        """The detections where `keep` (a mask or indices), in their order."""
+        confident = self.confident[keep] if self.confident is not None else None
+        return Detections(self.boxes[keep], self.scores[keep], self.class_ids[keep], self.width, self.height,
+                          confident)
 
     def to_dicts(self, labels: Sequence[str], decimals: int = 2) -> list[dict]:
         """JSON-ready detections: label, class_id, score, box [x1, y1, x2, y2] (source pixels)."""

@@ -43,10 +43,17 @@ class Postprocessor:
                 t[cid] = value
             self._class_thresholds = t
 
-    def __call__(self, outputs: Sequence[np.ndarray], geometry: Geometry) -> Detections:
+    def __call__(self, outputs: Sequence[np.ndarray], geometry: Geometry, floor: float | None = None) -> Detections:
+        """The frame's detections. With `floor` under the model's thresholds (a tracker's low
+        score), candidates down to it are kept too, in the same decode and NMS, and
+        `Detections.confident` tells which pass the thresholds: those are exactly the detections
+        a call without `floor` gives (NMS keeps a box only for a stronger one, so weaker
+        candidates change nothing above them)."""
         s = self.settings
-        boxes, scores, class_ids = self.decoder(outputs, self._min_conf)
-        keep = self._filter_mask(scores, class_ids)
+        threshold = floor if floor is not None and floor < self._min_conf else self._min_conf
+        low = threshold < self._min_conf
+        boxes, scores, class_ids = self.decoder(outputs, threshold)
+        keep = self._filter_mask(scores, class_ids, thresholds=not low)
         if keep is not None:
             boxes, scores, class_ids = boxes[keep], scores[keep], class_ids[keep]
         if len(scores) > MAX_NMS:
@@ -58,16 +65,23 @@ class Postprocessor:
             order = np.argsort(-scores, kind="stable")
         order = order[:s.max_det]
         boxes = geometry.boxes_to_source(boxes[order].astype(np.float32), clip=s.clip)
-        return Detections(boxes, scores[order], class_ids[order], geometry.src_w, geometry.src_h)
+        scores, class_ids = scores[order], class_ids[order]
+        confident = self._confident(scores, class_ids) if low else None
+        return Detections(boxes, scores, class_ids, geometry.src_w, geometry.src_h, confident)
 
-    def _filter_mask(self, scores: np.ndarray, class_ids: np.ndarray) -> np.ndarray | None:
+    def _confident(self, scores: np.ndarray, class_ids: np.ndarray) -> np.ndarray:
+        """Above the model's thresholds, compared as the decoders do (score > conf)."""
+        t = self._class_thresholds
+        if t is None:
+            return scores > self.settings.conf
+        return scores > t[np.clip(class_ids, 0, len(t) - 1)]
+
+    def _filter_mask(self, scores: np.ndarray, class_ids: np.ndarray, thresholds: bool = True) -> np.ndarray | None:
         s = self.settings
         mask = None
         if s.classes is not None:
             mask = np.isin(class_ids, list(s.classes))
-        if self._class_thresholds is not None:
-            t = self._class_thresholds
-            ids = np.clip(class_ids, 0, len(t) - 1)
-            above = scores > t[ids]
+        if thresholds and self._class_thresholds is not None:
+            above = self._confident(scores, class_ids)
             mask = above if mask is None else mask & above
         return mask
