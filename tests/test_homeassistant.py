@@ -361,6 +361,25 @@ def test_odd_label_renders_from_the_objects_payload():
     assert render(sensor["value_template"], renderer.objects("cam", counts).payload) == "2"
 
 
+def test_zone_and_line_sensors_sum_their_retained_counts_and_go_with_them():
+    reg = Discovery("edge1", "1.0", "m.onnx")
+    reg.set_camera("gate", ["car"])
+    assert reg.set_counters("gate", ["yard"], ["gate line"]) == ([], [])
+    renderer = Renderer(HomeAssistantConfig(), Topics("yt", "edge1"), reg)
+    configs = {json.loads(m.payload)["name"]: json.loads(m.payload) for m in renderer.configs("gate", ["car"])}
+    zone, inbound, outbound = configs["gate yard objects"], configs["gate gate line in"], configs["gate gate line out"]
+    assert zone["state_topic"] == "yt/edge1/cameras/gate/zones/yard"
+    assert inbound["state_topic"] == outbound["state_topic"] == "yt/edge1/cameras/gate/lines/gate line"
+    line = json.dumps({"v": 1, "in": {"car": 3, "truck": 1}, "out": {"car": 2}, "since": 1.0}).encode()
+    assert render(inbound["value_template"], line) == "4" and render(outbound["value_template"], line) == "2"
+    inside = json.dumps({"v": 1, "objects": {"person": 2, "car": 1}, "entered": {"person": 9}, "since": 1.0})
+    assert render(zone["value_template"], inside.encode()) == "3"
+    assert reg.set_counters("gate", [], ["gate line"]) == (["yard"], [])
+    (gone,) = renderer.counter_removals("gate", ["yard"], [])
+    assert gone.topic.endswith(f"/{zone['unique_id']}/config") and gone.payload == b""
+    assert len({json.loads(m.payload)["unique_id"] for m in renderer.everything()}) == 5  # 2 + car + in + out
+
+
 # -- configuration --------------------------------------------------------------------------------
 
 def load_mqtt(tmp_path: Path, text: str):

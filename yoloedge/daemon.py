@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from enum import Enum
+from pathlib import Path
 from typing import Callable, Mapping
 
 from . import __version__
@@ -36,6 +37,7 @@ from .config.errors import ConfigError, ConfigIssue
 from .config.loader import load_config
 from .config.schema import CameraConfig, Config, MqttConfig
 from .control.instance import AlreadyRunning, ControlServerError, InstanceLock
+from .control.protocol import quoted_name
 from .control.server import ControlServer, unexpected_fields
 from .control.watch import WatchHub
 from .heap import release_free_heap
@@ -47,6 +49,8 @@ from .pipeline.cameras import CameraRuntime, is_lossless, queue_size_for
 from .pipeline.groups import AcceleratorGroup
 from .pipeline.results import ResultRouter
 from .pipeline.sinks import SinkContext, build_sinks
+from .events import CountsStore, UnknownCounts
+from .routing import FrameKeeper, TrackingStage
 from .pipeline.snapshots import SnapshotStore, snapshot_reply
 from .pipeline.worker import WorkerState
 from .publish.homeassistant import Discovery
@@ -73,6 +77,10 @@ TICK_S = 0.1
 #: (a frozen camera: up to a few read timeouts); the freed heap goes back once all have ended,
 #: or after this long regardless
 RELEASE_WAIT_S = 30.0
+#: the line and zone totals live here under the service's state directory (`STATE_DIRECTORY`)
+COUNTS_SUBDIR = "counts"
+#: camera keys a reload applies without restarting the camera: its tracks go on
+LIVE_CAMERA_KEYS = ("zones", "lines", "publish", "tracking")
 #: camera states that make the daemon report a problem (for an enabled camera)
 UNHEALTHY_CAMERA_STATES = frozenset({CameraState.STALLED, CameraState.BACKOFF, CameraState.FAILED,
                                      CameraState.CONNECTING})
@@ -87,6 +95,28 @@ class DaemonState(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+def counts_directory(environ: Mapping[str, str]) -> Path | None:
+    """Where line and zone totals are kept: `$STATE_DIRECTORY/counts` (systemd's StateDirectory=,
+    set by the unit; the first entry when it lists several). Without it the totals are kept in
+    memory only and start from zero at every start; a relative path is refused the same way."""
+    state = environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if not state:
+        log.info("STATE_DIRECTORY is not set (not run by the systemd unit): line and zone counts "
+                 "are kept in memory only and start from zero on every start")
+        return None
+    if not os.path.isabs(state):
+        log.warning("STATE_DIRECTORY %r is not an absolute path: line and zone counts are kept in "
+                    "memory only", state)
+        return None
+    return Path(state) / COUNTS_SUBDIR
+
+
+def live_change(before: CameraConfig, after: CameraConfig) -> bool:
+    """The two differ only in keys a reload applies without restarting the camera."""
+    keep = {key: getattr(before, key) for key in LIVE_CAMERA_KEYS if hasattr(before, key)}
+    return before != after and dataclasses.replace(after, **keep) == before
 
 
 def accelerator_names(config: Config) -> list[str]:
@@ -140,7 +170,13 @@ class Daemon:
         self._lock = threading.RLock()
         self.watchers = WatchHub()  # `yoloedge-ctl watch` subscriptions
         # one plain read per frame (no lock on the frames' path): a single read cannot see it change
-        self.results = ResultRouter(self.cameras, config.model.path, sinks=build_sinks(
+        #: full frames held for event best shots, only while a camera has objects (routing.keeper)
+        self.keeper = FrameKeeper()
+        self.counts = CountsStore(counts_directory(self.environ))  # line and zone totals
+        #: per camera a tracker and its zones, lines and events (routing.tracking)
+        self.tracking = TrackingStage(self.counts, self.keeper,
+                                      emit=lambda camera, batch: self.results.events(camera, batch))
+        self.results = ResultRouter(self.cameras, config.model.path, stages=[self.tracking], sinks=build_sinks(
             SinkContext(lambda: self.publisher, snapshots=self.snapshots, watchers=self.watchers)))
 
     # -- public entry ------------------------------------------------------------------------
@@ -322,7 +358,7 @@ class Daemon:
         if camera.enabled and failed is None:
             intake = group.add_camera(camera.name, queue_size_for(camera, group.config.batch), is_lossless(camera))
             queue = intake.queue
-            reader = CameraReader(camera, self.snapshots.tap(camera.name, intake),
+            reader = CameraReader(camera, self.snapshots.tap(camera.name, self.keeper.tap(camera.name, intake)),
                                   self.config.health.stall_timeout_s, self.results.camera_state, pool=self.frames)
         runtime = CameraRuntime(camera, group.name, queue, reader, failed=failed if camera.enabled else None,
                                 intake=intake)
@@ -330,6 +366,8 @@ class Daemon:
         with self._lock:
             self.cameras[camera.name] = runtime
         self.results.camera_added(camera)  # before its first state: Home Assistant discovery
+        if group.detector is not None:  # its tracker and events (kept through a restart)
+            self.tracking.configure(camera, group.detector.labels)
         if reader is None:
             self.results.camera_state(camera.name, runtime.state, failed or "enabled: false")
         runtime.start()
@@ -363,7 +401,9 @@ class Daemon:
         self._removed.append(runtime)
         if dropped:
             log.info("camera %s removed with %d queued frame(s) discarded", name, dropped, extra={"camera": name})
-        if clear_state:  # its retained state and Home Assistant entities go
+        if clear_state:  # its events end; its retained state and Home Assistant entities go
+            self.tracking.remove(name)
+            self.keeper.forget(name)
             self.results.camera_removed(name)
 
     # -- main loop ---------------------------------------------------------------------------
@@ -378,6 +418,7 @@ class Daemon:
                 self._reload.clear()
                 self._do_reload()
             self._give_back_memory(now)
+            self.tracking.end_idle()  # cameras that stopped: their events end
             if watchdog_every and now - last_ping >= watchdog_every:
                 # One healthy device keeps the service alive: a down card restarts on its own.
                 if self.tracker.making_progress():
@@ -521,13 +562,26 @@ class Daemon:
             log.info("reload: removing camera %s", name, extra={"camera": name})
             self._remove_camera(name)
         for name, cam in after.items():
-            if name in before and before[name] != cam:
+            if name in before and live_change(before[name], cam):
+                log.info("reload: camera %s: new zones, lines or tracking settings", name, extra={"camera": name})
+                self._apply_live(cam)
+            elif name in before and before[name] != cam:
                 log.info("reload: restarting camera %s with its new settings", name, extra={"camera": name})
                 self._remove_camera(name, clear_state=False)
                 self._start_camera(cam, before[name], strict)
             elif name not in before:
                 log.info("reload: adding camera %s", name, extra={"camera": name})
                 self._start_camera(cam, None, strict)
+
+    def _apply_live(self, camera: CameraConfig) -> None:
+        """Zones, lines, publish and tracking change under a running camera: its tracks go on."""
+        with self._lock:
+            runtime = self.cameras[camera.name]
+            runtime.config = camera
+        self.results.camera_added(camera)  # Home Assistant's zone and line sensors, publish mode
+        detector = self.groups[runtime.group].detector
+        if detector is not None:
+            self.tracking.configure(camera, detector.labels)
 
     def _start_camera(self, camera: CameraConfig, previous: CameraConfig | None, strict: bool) -> None:
         try:
@@ -591,12 +645,29 @@ class Daemon:
         cmd = request.get("cmd")
         if cmd == "snapshot":  # takes "camera"; `watch` is a stream (see `_start_control`)
             return unexpected_fields(request, takes=("camera",)) or snapshot_reply(self.snapshots, request)
+        if cmd == "reset-counts":
+            return unexpected_fields(request, takes=("camera", "name")) or self._reset_counts(request)
         if cmd not in ("status", "reload"):
-            return {"ok": False, "error": f"unknown command {cmd!r} (status, reload, snapshot, watch)"}
+            return {"ok": False, "error": f"unknown command {cmd!r} (status, reload, snapshot, reset-counts, watch)"}
         refused = unexpected_fields(request)
         if refused is not None:
             return refused
         return self.status() if cmd == "status" else self._reload_and_wait()
+
+    def _reset_counts(self, request: dict) -> dict:
+        """`{"cmd": "reset-counts", "camera": NAME, "name": LINE_OR_ZONE | null}`: zeroed, saved
+        and published (retained) at once; `since` is now."""
+        camera, name = request.get("camera"), request.get("name")
+        if not isinstance(camera, str) or not (name is None or isinstance(name, str)):
+            return {"ok": False, "error": 'reset-counts needs a "camera" name and an optional line or zone "name"'}
+        try:
+            messages = self.tracking.reset(camera, name)
+        except KeyError:
+            return {"ok": False, "reason": "unknown_camera",
+                    "error": f"no camera named {quoted_name(camera)} with tracking on"}
+        except UnknownCounts as exc:
+            return {"ok": False, "error": f"camera {quoted_name(camera)}: {exc}"}
+        return {"ok": True, "camera": camera, "reset": [m.name for m in messages]}
 
     def _reload_and_wait(self) -> dict:
         """Ask the main loop for a reload and answer with the outcome of an attempt that began
@@ -615,7 +686,8 @@ class Daemon:
     def status(self) -> dict:
         problems = self._problems()
         with self._lock:
-            cameras = [{**c.status(), "rebalanced": self.groups[c.group].batcher.rebalanced_of(c.name)}
+            cameras = [{**c.status(), "rebalanced": self.groups[c.group].batcher.rebalanced_of(c.name),
+                        **self.tracking.camera_status(c.name)}
                        for c in self.cameras.values()]
         accelerators = []
         for group in self.groups.values():
@@ -715,6 +787,7 @@ class Daemon:
             group.stop_workers(max(0.5, deadline - time.monotonic()))
         for group in self.groups.values():
             group.stop_post(max(0.5, deadline - time.monotonic()))
+        self.tracking.end_all()  # every event ends, on MQTT while the client still runs
         publisher = self._current_publisher()
         if publisher is not None:
             publisher.stop(timeout_s=max(1.0, deadline - time.monotonic()), final_status="stopped")

@@ -4,6 +4,7 @@
     yoloedge-ctl [--socket PATH | -c CONFIG] [--timeout S] reload
     yoloedge-ctl [--socket PATH | -c CONFIG] watch [CAMERA] [--json]   (see `cli.ctl_live`)
     yoloedge-ctl [--socket PATH | -c CONFIG] snapshot CAMERA -o FILE.jpg
+    yoloedge-ctl [--socket PATH | -c CONFIG] reset-counts CAMERA [LINE|ZONE]
 
 The global options go before or after the command (`yoloedge-ctl status -c CONFIG`). With
 `-c CONFIG` the socket path is the config file's `control.socket`; without it (or without -c),
@@ -116,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the daemon's status as JSON")
     sub.add_parser("reload", parents=[global_options(after_command=True)],
                    help="re-read the config file (like systemctl reload)")
+    reset = sub.add_parser("reset-counts", parents=[global_options(after_command=True)],
+                           help="zero a camera's line and zone counts (all, or one by name)")
+    reset.add_argument("camera", help="the camera's name")
+    reset.add_argument("name", nargs="?", default=None, help="one line or zone (default: all of them)")
     ctl_live.add_parsers(sub, global_options)
     return parser
 
@@ -221,6 +226,18 @@ def _reload(socket_path: str, timeout: float) -> int:
     return EXIT_OK
 
 
+def _reset_counts(socket_path: str, timeout: float, camera: str, name: str | None) -> int:
+    """Exit 0 when zeroed, 1 when the daemon refused (unknown camera, line or zone: it says which
+    it has)."""
+    reply = redacted(request(socket_path, {"cmd": "reset-counts", "camera": camera, "name": name}, timeout=timeout))
+    if not reply.get("ok"):
+        print(printable(f"yoloedge-ctl: {reply.get('error') or 'reset refused'}"), file=sys.stderr)
+        return EXIT_DEGRADED
+    reset = reply.get("reset") or []
+    print(printable(f"camera {camera}: counts zeroed for {', '.join(map(str, reset)) or 'nothing'}"))
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -237,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
             return _status(socket_path, args.timeout or STATUS_TIMEOUT_S, args.json)
         if args.command in ("watch", "snapshot"):
             return ctl_live.run(args, socket_path)
+        if args.command == "reset-counts":
+            return _reset_counts(socket_path, args.timeout or STATUS_TIMEOUT_S, args.camera, args.name)
         return _reload(socket_path, args.timeout or RELOAD_TIMEOUT_S)
     except NotRunning as exc:
         print(f"yoloedge-ctl: {exc}", file=sys.stderr)

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..redact import redact_text
 from ..postprocess import Detections
-from ..publish.messages import detection_message, filter_detections
+from ..publish.messages import class_mask, detection_message, filter_detections
 from ..sources.state import CameraState
 from .cameras import CameraRuntime
 from .slots import OutputSet, SlotMeta
@@ -72,10 +72,14 @@ class FrameResult:
     started_mono: float  # its batch started on the device
     inferred_mono: float  # ... and returned
     routed_mono: float  # the router has it (decoded, NMS done)
-    detections: Detections  # after the model's thresholds and the camera's filters
+    detections: Detections  # after the model's thresholds and the camera's filters: published
     labels: Sequence[str]
     model: str  # the model file's name, as in the detections message
     runtime: CameraRuntime
+    #: every candidate post-processing kept for a tracker (down to its low score), through the
+    #: camera's `classes`; None when no stage asked for them (see `Stage.floor`)
+    candidates: Detections | None = None
+    shown: np.ndarray | None = None  # indices of `detections` within `candidates`
     #: per detection: its confirmed track's id, None while unconfirmed; None: no tracking
     track_ids: tuple[str | None, ...] | None = None
     tracks: Any = None  # tracking.TrackFrame of this frame (tracking on)
@@ -104,7 +108,14 @@ class FrameResult:
 
 def publishes_detections(config: CameraConfig) -> bool:
     """A camera's `publish` (events | detections | both): whether its per-frame detections go out."""
-    return str(getattr(config, "publish", "both")) != "events"
+    mode = getattr(config, "publish", None)
+    return mode is None or bool(mode.detections)
+
+
+def publishes_events(config: CameraConfig) -> bool:
+    """... and whether its events and counts go out on MQTT."""
+    mode = getattr(config, "publish", None)
+    return mode is None or bool(mode.events)
 
 
 class Sink:
@@ -142,6 +153,12 @@ class Stage:
 
     def process(self, result: FrameResult) -> FrameResult:
         return result
+
+    def done(self, result: FrameResult) -> None:
+        """Every sink has had the frame (e.g. its full image may go)."""
+
+    def camera_state(self, camera: str, state: CameraState) -> None:
+        """A reader's state change (reader threads), before the sinks hear of it."""
 
     def floor(self, camera: str) -> float | None:
         """The lowest score this stage wants post-processing to keep for `camera` (candidates
@@ -186,18 +203,43 @@ class ResultRouter:
         runtime = self._cameras.get(meta.camera)
         if runtime is None:  # removed by a reload while its frames were in flight
             return
+        shown, candidates, index = self._filter(runtime, dets, labels)
         result = FrameResult(
             camera=meta.camera, seq=meta.seq, capture_time=meta.capture_time,
             capture_mono=meta.capture_mono, frame_time=meta.frame_time, taken_mono=meta.taken_mono,
             started_mono=started_mono, inferred_mono=inferred_mono, routed_mono=self._clock(),
-            labels=labels, model=self._model, runtime=runtime,
-            detections=filter_detections(dets, labels, runtime.classes, runtime.config.min_score))
+            labels=labels, model=self._model, runtime=runtime, detections=shown,
+            candidates=candidates, shown=index)
         for stage in self.stages:
             try:
                 result = stage.process(result)
             except Exception as exc:  # noqa: BLE001 - a failing stage leaves its part out; the frame goes on
                 self._failed(stage, exc, result.camera)
         self._each(lambda sink: sink.frame(result), result.camera)
+        for stage in self.stages:
+            try:
+                stage.done(result)
+            except Exception as exc:  # noqa: BLE001 - counted like its process()
+                self._failed(stage, exc, result.camera)
+
+    @staticmethod
+    def _filter(runtime: CameraRuntime, dets: Detections, labels: Sequence[str]
+                ) -> tuple[Detections, Detections | None, np.ndarray | None]:
+        """(what is published, the tracker's candidates, where the published are among them).
+        Candidates (post-processing kept scores below the model's thresholds: `floor`) go through
+        the camera's `classes` only; what is published is the confident ones, also over its
+        `min_score`."""
+        min_score = runtime.config.min_score
+        if dets.confident is None:
+            return filter_detections(dets, labels, runtime.classes, min_score), None, None
+        keep = class_mask(dets, labels, runtime.classes)
+        candidates = dets if keep.all() else dets.take(keep)
+        shown = candidates.confident if candidates.confident is not None else np.ones(len(candidates), bool)
+        if min_score is not None:
+            shown = shown & (candidates.scores >= min_score)
+        index = np.flatnonzero(shown)
+        published = dataclasses.replace(candidates.take(index), confident=None)
+        return published, candidates, index
 
     def floor(self, camera: str) -> float | None:
         """The lowest score post-processing keeps for `camera` (None: the model's own threshold)."""
@@ -208,6 +250,11 @@ class ResultRouter:
     def camera_state(self, camera: str, state: CameraState, reason: str | None) -> None:
         """A reader's state change -> every sink (the MQTT state topic, Home Assistant ...)."""
         now = self._wall_clock()
+        for stage in self.stages:
+            try:
+                stage.camera_state(camera, state)
+            except Exception as exc:  # noqa: BLE001 - counted; the sinks still hear of it
+                self._failed(stage, exc, camera)
         self._each(lambda sink: sink.camera_state(camera, state, reason, now), camera)
 
     def camera_added(self, config: CameraConfig) -> None:

@@ -7,6 +7,9 @@ Why it looks like this:
   (streaming), a `sensor` of the camera's frame rate and one `sensor` per label of objects in
   view: the labels the camera's `classes` lists, or, without `classes`, each label the first
   time the camera publishes it (a model has 80 labels; 80 empty sensors per camera help nobody).
+* Per zone a `sensor` of the tracked objects inside it now, and per line and direction a
+  `sensor` of the crossings (all labels summed; the payload has them per label as attributes):
+  they read the retained counts topics `cameras/<camera>/zones/<zone>` and `.../lines/<line>`.
 * Every entity reads a topic the daemon already keeps up to date, so discovery adds one topic
   only: the retained `cameras/<camera>/objects` ({label: count}), published when the counts
   change, at most once per OBJECTS_MIN_INTERVAL_S per camera (a change held back goes out with
@@ -83,6 +86,8 @@ class _Camera:
     #: a frame still in flight when the camera stopped (a slow accelerator draining at shutdown)
     #: would publish its counts after the zeros and leave them standing.
     idle: bool = False
+    zones: tuple[str, ...] = ()  # its zones and lines (sensors of their counts)
+    lines: tuple[str, ...] = ()
 
     @property
     def labels(self) -> list[str]:
@@ -122,7 +127,25 @@ class Discovery:
                 return []
             before = old.labels if old is not None else []
             self._cameras[camera] = new = _Camera(wanted)
+            if old is not None:
+                new.zones, new.lines = old.zones, old.lines
             return [label for label in before if label not in new.labels]
+
+    def set_counters(self, camera: str, zones: Sequence[str], lines: Sequence[str]
+                     ) -> tuple[list[str], list[str]]:
+        """The camera's zones and lines now; returns those it no longer has (their sensors go)."""
+        with self._lock:
+            cam = self._cameras.get(camera)
+            if cam is None:
+                return [], []
+            gone = ([z for z in cam.zones if z not in zones], [line for line in cam.lines if line not in lines])
+            cam.zones, cam.lines = tuple(zones), tuple(lines)
+            return gone
+
+    def counters(self, camera: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        with self._lock:
+            cam = self._cameras.get(camera)
+            return ((), ()) if cam is None else (cam.zones, cam.lines)
 
     def remove_camera(self, camera: str) -> list[str] | None:
         """Forget `camera`; returns its labels, or None when it was not registered."""
@@ -225,10 +248,11 @@ class Renderer:
     def config_topic(self, component: Component, unique_id: str) -> str:
         return f"{self.config.discovery_prefix}/{component}/{unique_id}/config"
 
-    def entities(self, camera: str, labels: Sequence[str], with_camera: bool = True
-                 ) -> list[tuple[Component, str, dict]]:
+    def entities(self, camera: str, labels: Sequence[str], with_camera: bool = True,
+                 counters: tuple[Sequence[str], Sequence[str]] | None = None) -> list[tuple[Component, str, dict]]:
         """(component, unique_id, config) of `camera`'s label sensors for `labels`, and of its
-        other entities when `with_camera`."""
+        other entities when `with_camera` (its zones' and lines' sensors: `counters`, default the
+        registry's)."""
         cam = _jinja_string(camera)
         streaming = str(CameraState.STREAMING)
         out: list[tuple[Component, str, dict]] = [
@@ -244,6 +268,9 @@ class Renderer:
                 "value_template": f"{{{{ value_json.cameras | selectattr('name', 'eq', {cam}) "
                                   f"| map(attribute='fps_in') | first | default(none) }}}}"}),
         ] if with_camera else []
+        if with_camera:
+            zones, lines = counters if counters is not None else self.discovery.counters(camera)
+            out.extend(self.counter_entities(camera, zones, lines))
         for label in labels:
             out.append((Component.SENSOR, self.unique_id(camera, f"objects_{safe_id(label)}"), {
                 "name": f"{camera} {label}", "unit_of_measurement": "objects",
@@ -251,6 +278,32 @@ class Renderer:
                 "state_topic": self.topics.camera_objects(camera),
                 "value_template": f"{{{{ value_json[{_jinja_string(label)}] | default(0) }}}}"}))
         return out
+
+    def counter_entities(self, camera: str, zones: Sequence[str], lines: Sequence[str]
+                         ) -> list[tuple[Component, str, dict]]:
+        """A sensor per zone (objects inside now) and per line and direction (crossings)."""
+        out: list[tuple[Component, str, dict]] = []
+        for zone in zones:
+            out.append((Component.SENSOR, self.unique_id(camera, f"zone_{safe_id(zone)}"), {
+                "name": f"{camera} {zone} objects", "unit_of_measurement": "objects",
+                "state_class": "measurement", "icon": "mdi:vector-polygon",
+                "state_topic": self.topics.counts(camera, "zone", zone),
+                "value_template": "{{ value_json.objects.values() | sum }}",
+                "json_attributes_topic": self.topics.counts(camera, "zone", zone)}))
+        for line in lines:
+            for direction in ("in", "out"):
+                out.append((Component.SENSOR, self.unique_id(camera, f"line_{safe_id(line)}__{direction}"), {
+                    "name": f"{camera} {line} {direction}", "unit_of_measurement": "objects",
+                    "state_class": "total", "icon": "mdi:transit-transfer",
+                    "state_topic": self.topics.counts(camera, "line", line),
+                    "value_template": f"{{{{ value_json['{direction}'].values() | sum }}}}",
+                    "json_attributes_topic": self.topics.counts(camera, "line", line),
+                    "json_attributes_template": f"{{{{ value_json['{direction}'] | tojson }}}}"}))
+        return out
+
+    def counter_removals(self, camera: str, zones: Sequence[str], lines: Sequence[str]) -> list[Message]:
+        return [Message(self.config_topic(component, uid), b"")
+                for component, uid, _ in self.counter_entities(camera, zones, lines)]
 
     def configs(self, camera: str, labels: Sequence[str], with_camera: bool = True) -> list[Message]:
         """The retained discovery configs of `camera`'s entities (see `entities`)."""
@@ -264,11 +317,12 @@ class Renderer:
         """The configs of the label sensors for `labels` only (labels seen for the first time)."""
         return self.configs(camera, labels, with_camera=False)
 
-    def removals(self, camera: str, labels: Sequence[str], whole_camera: bool) -> list[Message]:
+    def removals(self, camera: str, labels: Sequence[str], whole_camera: bool,
+                 counters: tuple[Sequence[str], Sequence[str]] = ((), ())) -> list[Message]:
         """Empty retained configs: the label sensors of `labels`, and all of the camera's
-        entities when `whole_camera`."""
+        entities when `whole_camera` (its zones and lines: `counters`, the registry has let go)."""
         return [Message(self.config_topic(component, uid), b"")
-                for component, uid, _ in self.entities(camera, labels, whole_camera)]
+                for component, uid, _ in self.entities(camera, labels, whole_camera, counters)]
 
     def objects(self, camera: str, counts: dict[str, int]) -> Message:
         return Message(self.topics.camera_objects(camera), _encode(counts))

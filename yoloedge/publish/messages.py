@@ -12,19 +12,24 @@ from ..timeutil import utc_timestamp
 SCHEMA_VERSION = 1
 
 
+def class_mask(dets: Detections, labels: Sequence[str], classes: frozenset[str] | None) -> np.ndarray:
+    """Which detections a camera's `classes` keeps (every one without it)."""
+    keep = np.ones(len(dets), bool)
+    if classes is not None and len(dets):
+        names = np.array([label_of(labels, c) for c in dets.class_ids.tolist()], dtype=object)
+        keep &= np.isin(names, list(classes))
+    return keep
+
+
 def filter_detections(dets: Detections, labels: Sequence[str], classes: frozenset[str] | None,
                       min_score: float | None) -> Detections:
     """Apply a camera's own filters (on top of the model's thresholds)."""
-    keep = np.ones(len(dets), bool)
-    if classes is not None:
-        names = np.array([label_of(labels, c) for c in dets.class_ids.tolist()],
-                         dtype=object)
-        keep &= np.isin(names, list(classes)) if len(names) else keep
+    keep = class_mask(dets, labels, classes)
     if min_score is not None:
         keep &= dets.scores >= min_score
     if keep.all():
         return dets
-    return Detections(dets.boxes[keep], dets.scores[keep], dets.class_ids[keep], dets.width, dets.height)
+    return dets.take(keep)
 
 
 def detection_message(camera: str, seq: int, capture_time: float, dets: Detections,

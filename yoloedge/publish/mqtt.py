@@ -515,21 +515,27 @@ class MqttPublisher:
     def clear_camera(self, camera: str) -> bool:
         """Delete the retained state of a removed camera (an empty retained message), and its
         Home Assistant entities (empty retained configs)."""
+        counters = self._discovery.counters(camera)
         labels = self._discovery.remove_camera(camera)
         if self._ha is not None and labels is not None:
-            self._publish_discovery(self._ha.removals(camera, labels, whole_camera=True),
+            self._publish_discovery(self._ha.removals(camera, labels, whole_camera=True, counters=counters),
                                     removal=True)
         return self.publish(self.topics.camera_state(camera), b"", retain=True)
 
-    def announce_camera(self, camera: str, classes: Sequence[str] | None) -> None:
+    def announce_camera(self, camera: str, classes: Sequence[str] | None,
+                        zones: Sequence[str] = (), lines: Sequence[str] = ()) -> None:
         """Register `camera` for Home Assistant discovery (again, after its settings changed):
-        its configs, and removals for the label sensors its new `classes` no longer list."""
+        its configs, and removals for the label sensors its new `classes` no longer list and for
+        the zones and lines it no longer has."""
         gone = self._discovery.set_camera(camera, classes)
+        gone_zones, gone_lines = self._discovery.set_counters(camera, zones, lines)
         if self._ha is None:
             return
         if gone:
             self._publish_discovery(self._ha.removals(camera, gone, whole_camera=False),
                                     removal=True)
+        if gone_zones or gone_lines:
+            self._publish_discovery(self._ha.counter_removals(camera, gone_zones, gone_lines), removal=True)
         self._publish_discovery(self._ha.configs(camera, self._ha.discovery.labels(camera) or []))
 
     def _count_objects(self, ha: Renderer, camera: str, labels: Sequence[str]) -> None:

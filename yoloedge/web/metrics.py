@@ -54,6 +54,8 @@ class DaemonCollector(Collector):
         status = self._status()
         meters = self._meters()
         yield from camera_metrics(status.get("cameras", []), meters.cameras)
+        yield from count_metrics(status.get("cameras", []))
+        yield from sink_metrics(status.get("sinks") or {})
         yield from device_metrics(status.get("accelerators", []), meters.workers)
         yield from mqtt_metrics(status.get("mqtt") or {})
 
@@ -78,6 +80,36 @@ def camera_metrics(cameras: list[dict], runtimes: list[CameraRuntime]) -> Iterat
         add_histogram(latency, (runtime.name, runtime.group), runtime.latency_buckets)
     yield detections
     yield latency
+
+
+def count_metrics(cameras: list[dict]) -> Iterator[Metric]:
+    """Each camera's line crossings and the objects inside its zones (status' `lines`, `zones`)."""
+    crossings = CounterMetricFamily("yoloedge_line_crossings_total",
+                                    "Tracked objects that crossed the line, per direction and label "
+                                    "(since the counts' `since`: reset-counts starts them again).",
+                                    labels=("camera", "line", "direction", "label"))
+    inside = GaugeMetricFamily("yoloedge_zone_objects", "Tracked objects inside the zone now, per label.",
+                               labels=("camera", "zone", "label"))
+    for cam in cameras:
+        for line in cam.get("lines") or ():
+            for direction in ("in", "out"):
+                for label, count in sorted((line.get(direction) or {}).items()):
+                    crossings.add_metric((cam["name"], line["name"], direction, label), count)
+        for zone in cam.get("zones") or ():
+            for label, count in sorted((zone.get("objects") or {}).items()):
+                inside.add_metric((cam["name"], zone["name"], label), count)
+    yield crossings
+    yield inside
+
+
+def sink_metrics(sinks: dict) -> Iterator[Metric]:
+    """Failures of each result sink and stage (status' `sinks`): one failing does not stop the others."""
+    errors = CounterMetricFamily("yoloedge_result_sink_errors_total",
+                                 "Calls of a result sink or stage that raised (see status' sinks).",
+                                 labels=("sink",))
+    for name, entry in sorted(sinks.items()):
+        errors.add_metric((name,), entry.get("errors") or 0)
+    yield errors
 
 
 def device_metrics(entries: list[dict], workers: list[tuple[str, DeviceWorker]]) -> Iterator[Metric]:

@@ -42,8 +42,5 @@ class EventLogSink(Sink):
         for message in batch.messages:
             self._log.record(message)
 
-    def camera_removed(self, camera: str) -> None:
-        self._log.forget_camera(camera)
-
     def stats(self) -> dict:
         return {"best_shots": self.best_shots, "missed_shots": self.missed_shots, **self._log.stats()}

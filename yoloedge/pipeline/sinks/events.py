@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...publish.mqtt import MqttPublisher
-from ..results import FrameResult, Sink
+from ..results import FrameResult, Sink, publishes_events
 
 if TYPE_CHECKING:
+    from ...config.schema import CameraConfig
     from . import SinkContext
 
 
@@ -20,16 +21,23 @@ class EventsSink(Sink):
         self._publisher = publisher
         self.published = 0
         self.dropped = 0  # refused by the client (its queue limits; see publish.mqtt)
+        self._quiet: frozenset[str] = frozenset()  # cameras with `publish: detections`
 
     @classmethod
     def create(cls, context: SinkContext) -> EventsSink:
         return cls(context.publisher)
+
+    def camera_added(self, config: CameraConfig) -> None:
+        quiet = self._quiet - {config.name}
+        self._quiet = quiet if publishes_events(config) else quiet | {config.name}
 
     def frame(self, result: FrameResult) -> None:
         if result.events is not None:
             self.events(result.camera, result.events)
 
     def events(self, camera: str, batch: Any) -> None:
+        if camera in self._quiet:
+            return
         publisher = self._publisher()
         if publisher is None:
             self.dropped += len(batch.messages)

@@ -41,4 +41,6 @@ class HomeAssistantSink(Sink):
     def camera_added(self, config: CameraConfig) -> None:
         publisher = self._publisher()
         if publisher is not None:
-            publisher.announce_camera(config.name, config.classes)
+            publisher.announce_camera(config.name, config.classes,
+                                      [z.name for z in getattr(config, "zones", ())],
+                                      [line.name for line in getattr(config, "lines", ())])

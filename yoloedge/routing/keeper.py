@@ -1,0 +1,149 @@
+"""Full frames held from the reader until their result, for the cameras whose events may want a
+best shot.
+
+By the time a frame's detections reach the router its full image is gone: the reader's buffer is
+lent to the next read once the camera's sink returns, and only the letterboxed model input went
+on (see `sources.framepool`, `pipeline.intake`). An event's best shot is decided only then,
+after tracking, so a frame that might become one has to be kept from the reader's side.
+
+A camera is *wanted* while the tracking stage saw objects in its last frame (candidates or live
+tracks): only then can a frame become a best shot. While wanted, the reader copies each frame into
+one of `depth` frame-sized buffers the camera owns (allocated once per frame size, never per
+frame; a 1080p copy costs about half a millisecond); the router finds it by (seq, capture time)
+and lets it and every older one go once the frame's sinks have run. With every buffer held by
+frames still in flight, a frame is not kept (counted in `missed`): its best shot, if it was one,
+is skipped, and the next one is taken. A camera not wanted for `FREE_AFTER_S` frees its buffers.
+
+Memory: `depth` frames per camera while objects are in view (3 x 6.2 MB at 1080p), none otherwise.
+
+Threads: the reader thread offers, the router's thread finds and releases; `_Kept.lock` guards a
+camera's slots (a leaf). The table of cameras is replaced whole, read without a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..sources.frame import Frame, FrameSink
+
+#: frames held at once per camera: a live camera has about its queue (2) plus the frame being
+#: inferred in flight between the reader and the router
+DEFAULT_DEPTH = 3
+#: a camera without objects this long frees its buffers
+FREE_AFTER_S = 10.0
+
+
+@dataclass
+class _Slot:
+    buffer: np.ndarray | None = None
+    key: tuple[int, float] | None = None  # (seq, capture_mono) of the frame it holds; None: free
+
+
+@dataclass
+class _Kept:
+    slots: list[_Slot]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    wanted: bool = False  # router thread writes, reader thread reads
+    unwanted_since: float = 0.0  # reader thread only
+    kept: int = 0
+    missed: int = 0
+    allocations: int = 0
+
+
+class FrameKeeper:
+    def __init__(self, depth: int = DEFAULT_DEPTH, clock: Callable[[], float] = time.monotonic):
+        self.depth = depth
+        self._clock = clock
+        self._cameras: dict[str, _Kept] = {}
+
+    def add(self, camera: str) -> None:
+        if camera not in self._cameras:
+            self._cameras = {**self._cameras, camera: _Kept([_Slot() for _ in range(self.depth)])}
+
+    def forget(self, camera: str) -> None:
+        self._cameras = {name: kept for name, kept in self._cameras.items() if name != camera}
+
+    def tap(self, camera: str, sink: FrameSink) -> FrameSink:
+        """`sink` with the frame kept first when the camera is wanted."""
+        self.add(camera)
+
+        def tapped(frame: Frame, timeout_s: float) -> bool:
+            self.offer(frame)
+            return sink(frame, timeout_s)
+
+        return tapped
+
+    # -- the reader's side -------------------------------------------------------------------
+    def offer(self, frame: Frame) -> None:
+        kept = self._cameras.get(frame.camera)
+        if kept is None:
+            return
+        if not kept.wanted:
+            self._maybe_free(kept)
+            return
+        kept.unwanted_since = 0.0
+        image = frame.image
+        with kept.lock:
+            slot = next((s for s in kept.slots if s.key is None), None)
+            if slot is None:
+                kept.missed += 1
+                return
+            if slot.buffer is None or slot.buffer.shape != image.shape or slot.buffer.dtype != image.dtype:
+                slot.buffer = np.empty_like(image)
+                kept.allocations += 1
+            np.copyto(slot.buffer, image)
+            slot.key = (frame.seq, frame.capture_mono)
+            kept.kept += 1
+
+    def _maybe_free(self, kept: _Kept) -> None:
+        now = self._clock()
+        if not kept.unwanted_since:
+            kept.unwanted_since = now
+            return
+        if now - kept.unwanted_since < FREE_AFTER_S:
+            return
+        with kept.lock:
+            for slot in kept.slots:
+                if slot.key is None:
+                    slot.buffer = None
+
+    # -- the router's side -------------------------------------------------------------------
+    def want(self, camera: str, wanted: bool) -> None:
+        kept = self._cameras.get(camera)
+        if kept is not None:
+            kept.wanted = wanted
+
+    def find(self, camera: str, seq: int, capture_mono: float) -> np.ndarray | None:
+        """The full frame `seq` of `camera`, valid until `done` for it; None when not kept."""
+        kept = self._cameras.get(camera)
+        if kept is None:
+            return None
+        with kept.lock:
+            for slot in kept.slots:
+                if slot.key == (seq, capture_mono):
+                    return slot.buffer
+        return None
+
+    def done(self, camera: str, capture_mono: float) -> None:
+        """The frame captured at `capture_mono` is routed: it and every older frame go (frames
+        dropped in the pipeline never reach the router)."""
+        kept = self._cameras.get(camera)
+        if kept is None:
+            return
+        with kept.lock:
+            for slot in kept.slots:
+                if slot.key is not None and slot.key[1] <= capture_mono:
+                    slot.key = None
+
+    def stats(self, camera: str) -> dict:
+        kept = self._cameras.get(camera)
+        if kept is None:
+            return {}
+        with kept.lock:
+            held = sum(s.buffer.nbytes for s in kept.slots if s.buffer is not None)
+        return {"frames_kept": kept.kept, "frames_missed": kept.missed, "bytes": held}
