@@ -71,8 +71,8 @@ def events_topic(prefix: str, device_id: str, camera: str) -> str:
 
 def counts_topic(prefix: str, device_id: str, camera: str, kind: str, name: str) -> str:
     """Retained counts of one of `camera`'s lines (`kind` "line") or zones ("zone")."""
-    if kind not in ("line", "zone"):
-        raise ValueError(f"counts kind {kind!r}: must be 'line' or 'zone'")
+    if type(kind) is not str or kind not in ("line", "zone"):  # an Enum's str() is not its value
+        raise ValueError(f"counts kind {kind!r}: must be the string 'line' or 'zone'")
     return f"{_camera_base(prefix, device_id, camera)}/{kind}s/{_level(name, f'{kind} name')}"
 
 

@@ -48,7 +48,7 @@ class EventsSink(Sink):
             else:
                 self.dropped += 1
         for counts in batch.counts:
-            publisher.publish_counts(camera, counts.kind, counts.name, counts.payload)
+            publisher.publish_counts(camera, counts.kind.value, counts.name, counts.payload)
 
     def stats(self) -> dict:
         return {"published": self.published, "dropped": self.dropped}
