@@ -1,0 +1,61 @@
+"""Full frames kept for event best shots (routing.keeper): only while wanted, bounded, reused."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from yoloedge.routing.keeper import FREE_AFTER_S, FrameKeeper
+from yoloedge.sources.frame import Frame
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def frame(seq: int, image: np.ndarray) -> Frame:
+    image[:] = seq
+    return Frame("gate", seq, image, 1.7e9 + seq, float(seq))
+
+
+def test_frames_are_kept_only_while_wanted_into_buffers_allocated_once():
+    clock = Clock()
+    keeper = FrameKeeper(depth=2, clock=clock)
+    taken: list[int] = []
+    sink = keeper.tap("gate", lambda f, timeout: taken.append(f.seq) or True)
+    pooled = np.zeros((4, 6, 3), np.uint8)  # the reader's buffer, overwritten by every read
+    assert sink(frame(0, pooled), 1.0)
+    assert keeper.find("gate", 0, 0.0) is None  # not wanted: nothing copied
+    keeper.want("gate", True)
+    for seq in range(1, 4):
+        sink(frame(seq, pooled), 1.0)
+    assert taken == [0, 1, 2, 3]
+    one, two = keeper.find("gate", 1, 1.0), keeper.find("gate", 2, 2.0)
+    assert one is not None and two is not None and one[0, 0, 0] == 1 and two[0, 0, 0] == 2
+    assert keeper.find("gate", 3, 3.0) is None  # both buffers held by frames in flight: missed
+    keeper.done("gate", 2.0)  # frame 2 routed: it and every older one go
+    for seq in range(4, 40):
+        sink(frame(seq, pooled), 1.0)
+        keeper.done("gate", float(seq))
+    stats = keeper.stats("gate")
+    assert stats["frames_missed"] == 1 and stats["frames_kept"] == 2 + 36
+    assert keeper._cameras["gate"].allocations == 2  # never per frame
+    keeper.want("gate", False)
+    sink(frame(40, pooled), 1.0)
+    clock.t += FREE_AFTER_S
+    sink(frame(41, pooled), 1.0)
+    assert keeper.stats("gate")["bytes"] == 0  # nobody in view for a while: the buffers go
+
+
+def test_a_frame_of_another_size_gets_a_buffer_of_its_size():
+    keeper = FrameKeeper(depth=1)
+    keeper.add("gate")
+    keeper.want("gate", True)
+    keeper.offer(frame(0, np.zeros((4, 6, 3), np.uint8)))
+    keeper.done("gate", 0.0)
+    keeper.offer(frame(1, np.zeros((8, 12, 3), np.uint8)))
+    kept = keeper.find("gate", 1, 1.0)
+    assert kept is not None and kept.shape == (8, 12, 3)
