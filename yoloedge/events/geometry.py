@@ -80,13 +80,15 @@ def polygon_problem(points: Sequence[Point]) -> str | None:
         return f"a polygon needs at least 3 points, not {count}"
     if len(set(points)) != count:
         return "lists a point more than once"
+    if all(_orient(points[0], points[1], p) == 0 for p in points[2:]):
+        return "encloses no area (its points lie on one line)"
     for i in range(count):
         for j in range(i + 1, count):
             if _edges_clash(points, i, j):
                 return (f"edges {i + 1} and {j + 1} cross (point {i + 1} -> {(i + 1) % count + 1} and "
                         f"{j + 1} -> {(j + 1) % count + 1}): the outline must not intersect itself")
     if abs(polygon_area(points)) < 1e-12:
-        return "encloses no area (its points lie on one line)"
+        return "encloses no area"
     return None
 
 
