@@ -44,6 +44,9 @@ EVENT_VERSION = 1
 UPDATE_INTERVAL_S = 1.0
 #: a box this close to an edge of the frame (pixels) is cut by it: no snapshot of record.
 EDGE_MARGIN_PX = 2.0
+#: the most crossings an event lists (the latest; the counts count them all): a track that paces
+#: over a line all day must not grow its messages without bound.
+MAX_CROSSINGS = 100
 
 Box = tuple[float, float, float, float]
 
@@ -143,6 +146,9 @@ class CameraEvents:
                 event.pending = event.pending or state.present
                 state.close(event.track.last_time if now is None else now)
                 if state.visited:
+                    earlier = event.retired.get(name)
+                    if earlier is not None:
+                        state.dwell += earlier.dwell
                     event.retired[name] = state
             for name in [n for n in event.lines if n not in line_names]:
                 del event.lines[name]
@@ -226,7 +232,7 @@ class CameraEvents:
             event = self._events[track.id]
             event.track = track
             event.label = self._label(track.label_id)
-        if not seen:
+        if not seen or frame.width <= 0 or frame.height <= 0:
             return
         boxes = np.array([track.box for track in seen], dtype=np.float64)
         used = {zone.config.anchor for zone in self._zones} | {line.config.anchor for line in self._lines}
@@ -271,6 +277,7 @@ class CameraEvents:
         if direction is None or not line.counts(event.label):
             return
         event.crossings.append({"line": line.name, "direction": direction.value, "time": state.crossed_at})
+        del event.crossings[:-MAX_CROSSINGS]
         event.pending = True
         self.counts.add_crossing(line.name, direction.value == "in", event.label)
         batch.count(CountKind.LINE, line.name)
@@ -317,8 +324,8 @@ class CameraEvents:
         end = track.last_time
         if current is None:
             current = self._current_zones(event)
-        dwell = {name: round(state.dwell_at(end if ended else frame.time), 3)
-                 for name, state in {**event.retired, **event.zones}.items() if state.visited}
+        at = end if ended else frame.time
+        dwell = {name: round(_dwell(event, name, at), 3) for name in event.entered}
         snapshot = event.snapshot
         return {
             "v": EVENT_VERSION, "type": kind.value, "id": track.id, "camera": self.camera,
@@ -336,6 +343,12 @@ class CameraEvents:
     def _finish(self, batch: _Batch) -> EventBatch:
         counts = tuple(self.counts.message(kind, name) for kind, name in batch.counts)
         return EventBatch(tuple(batch.new + batch.updates + batch.ends), counts, tuple(batch.best))
+
+
+def _dwell(event: _Event, name: str, time: float) -> float:
+    """Seconds in zone `name` so far, with visits before a reload removed it (and re-added it)."""
+    total = event.retired[name].dwell if name in event.retired else 0.0
+    return total + (event.zones[name].dwell_at(time) if name in event.zones else 0.0)
 
 
 def _may_update(sent_at: float, time: float) -> bool:
