@@ -237,25 +237,28 @@ class CameraEvents:
         boxes = np.array([track.box for track in seen], dtype=np.float64)
         used = {zone.config.anchor for zone in self._zones} | {line.config.anchor for line in self._lines}
         anchors = {anchor: anchor_points(boxes, frame.width, frame.height, anchor) for anchor in used}
+        events = [self._events[track.id] for track in seen]
+        starting = [track.id in started for track in seen]
         for zone in self._zones:
-            inside = points_in_polygon(anchors[zone.config.anchor], zone.polygon).tolist()
-            for track, is_inside in zip(seen, inside):
-                self._zone_step(zone, self._events[track.id], bool(is_inside), track.id in started,
-                                frame.time, batch)
+            inside = points_in_polygon(anchors[zone.config.anchor], zone.polygon, zone.previous).tolist()
+            for event, is_inside, first in zip(events, inside, starting):
+                self._zone_step(zone, event, is_inside, first, frame.time, batch)
         for line in self._lines:
             points = anchors[line.config.anchor]
             distance, band = line.distances(points, boxes, frame.width, frame.height)
-            for i, track in enumerate(seen):
-                point = (float(points[i, 0]), float(points[i, 1]))
-                self._line_step(line, self._events[track.id], point, float(distance[i]), float(band[i]),
-                                frame.time, batch)
+            for event, point, d, b in zip(events, points.tolist(), distance.tolist(), band.tolist()):
+                self._line_step(line, event, (point[0], point[1]), d, b, frame.time, batch)
         for track in seen:
             self._sighting(self._events[track.id], track, frame, batch)
 
     def _zone_step(self, zone: Zone, event: _Event, inside: bool, starting: bool, time: float,
                    batch: _Batch) -> None:
-        state = event.zones.setdefault(zone.name, ZoneTrack())
+        state = event.zones.get(zone.name)
+        if state is None:
+            state = event.zones[zone.name] = ZoneTrack()
         inside = inside and zone.counts(event.label)
+        if not starting and state.steady(inside):
+            return
         if starting:
             change = ZoneChange.ENTERED if inside else None
             if inside:

@@ -31,15 +31,17 @@ def anchor_points(boxes: np.ndarray, width: int, height: int, anchor: Anchor) ->
     return np.stack((x, y), axis=1)
 
 
-def points_in_polygon(points: np.ndarray, polygon: np.ndarray) -> np.ndarray:
+def points_in_polygon(points: np.ndarray, polygon: np.ndarray, previous: np.ndarray | None = None) -> np.ndarray:
     """(n,) bool: whether each of (n, 2) points lies inside the (m, 2) polygon (even-odd rule,
-    a horizontal ray to the right). A point exactly on an edge gets one consistent answer."""
+    a horizontal ray to the right). A point exactly on an edge gets one consistent answer.
+    `previous`: the polygon's points rolled by one (each edge's other end), if already made."""
     if len(points) == 0:
         return np.zeros(0, bool)
     x = points[:, 0:1]
     y = points[:, 1:2]
     xi, yi = polygon[:, 0], polygon[:, 1]
-    xj, yj = np.roll(xi, 1), np.roll(yi, 1)
+    rolled = np.roll(polygon, 1, axis=0) if previous is None else previous
+    xj, yj = rolled[:, 0], rolled[:, 1]
     straddles = (yi > y) != (yj > y)  # (n, m): the edge spans the point's height
     with np.errstate(divide="ignore", invalid="ignore"):  # horizontal edges never straddle
         x_cross = (xj - xi) * (y - yi) / (yj - yi) + xi

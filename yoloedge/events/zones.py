@@ -34,6 +34,7 @@ class Zone:
         self.config = config
         self.name = config.name
         self.polygon = np.asarray(config.polygon, dtype=np.float64)
+        self.previous = np.roll(self.polygon, 1, axis=0)  # each edge's other end
         self.objects = frozenset(config.objects) if config.objects is not None else None
 
     def counts(self, label: str) -> bool:
@@ -54,6 +55,10 @@ class ZoneTrack:
     def begin(self, time: float) -> None:
         """The track is inside when it is confirmed."""
         self.present, self.visited, self.entered_at, self.streak = True, True, time, 0
+
+    def steady(self, inside: bool) -> bool:
+        """Whether a sighting `inside` (or not) leaves this state as it is."""
+        return inside == self.present and self.streak == 0
 
     def step(self, inside: bool, time: float, inertia: int) -> ZoneChange | None:
         """One matched frame; the change it completes, if any."""
