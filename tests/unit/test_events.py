@@ -517,3 +517,16 @@ def test_a_removed_zone_ends_the_visit_and_keeps_its_dwell():
     end = ev.update(scene.frame(3.0, {})).messages[0]
     assert end["current_zones"] == [] and end["entered_zones"] == ["yard"]
     assert end["dwell_s"] == {"yard": pytest.approx(1.0)}
+
+
+def test_objects_the_model_does_not_know_are_warned_about(caplog):
+    events(zones=[ZoneConfig("yard", YARD.polygon, objects=("persn",))])
+    assert "zone yard: object 'persn' is not one of the model's labels; it will never count" in caplog.text
+
+
+def test_counts_can_be_published_before_the_first_frame():
+    ev = events(lines=[VERTICAL])
+    assert [m.payload for m in ev.counts_messages(now=5.0)] == [{"v": 1, "in": {}, "out": {}, "since": 5.0}]
+    assert not ev.update(Scene().frame(6.0, {})).counts  # already published: not again
+    with pytest.raises(ValueError):
+        events().counts_messages()
