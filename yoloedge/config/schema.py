@@ -74,6 +74,8 @@ class CameraConfig:
     jpeg_decoder: str = "auto"
     publish_empty: bool = True  # publish frames with no detections
     accelerator: str | None = None  # accelerator name; None: the first
+    #: MiB of event best shots (JPEGs) kept for the camera; the oldest events' go first. 0: none.
+    event_snapshots_mb: float = 16.0
 
 
 @dataclass(frozen=True)
