@@ -10,10 +10,10 @@ What is kept, per camera:
 * the latest message of each of its last `max_events` events (older events are forgotten whole);
 * one JPEG per event, with the event's box and its label and score drawn: the best shot so far.
   All of a camera's JPEGs together stay within its byte budget (`cameras[].event_snapshots_mb`,
-  16 MiB by default: about 60 1080p shots); past it the shots of the oldest events go first.
+  16 MiB by default: some 35-55 1080p shots, see `bench micro`); past it the shots of the oldest events go first.
 
 A JPEG costs a frame copy (the box is drawn on the copy: the frame itself is shared with the
-other sinks) and an encoding, about 10 ms at 1080p, so an event is encoded at most once per
+other sinks) and an encoding, 7-23 ms at 1080p (`bench micro`), so an event is encoded at most once per
 `ENCODE_INTERVAL_S` of frame time: a better candidate within that second of the last encoding is
 not encoded, and the next one after it is. Only the encoded bytes are kept, never the frame, its
 copy or a reference to either: a frame is a pooled buffer the next read overwrites.
