@@ -60,7 +60,10 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
               "refused": int (clients told "out of file descriptors" and closed),
               "last_accept_failure": str | null (UTC), "accept_failing": bool,
               "accept_error": str | null},
-     "control": {"socket": str | null, and the same accept counts}}  (the counts only while listening)
+     "control": {"socket": str | null, and the same accept counts},  (the counts only while listening)
+     "events": {"cameras": {name: {"events": int, "snapshots": int, "snapshot_bytes": int,
+                                   "budget_bytes": int}},
+                "encoded": int, "skipped": int, "evicted": int}}  (see `events.recent.EventLog.stats`)
 
 The daemon may add keys (e.g. `daemon.device_id`, `daemon.restart_needed_for`: changed keys
 that only a restart applies); `status` shows what it knows and ignores the rest.

@@ -23,6 +23,7 @@ from typing import Callable
 from ..control.client import request, stream
 from ..control.statustext import cell, format_duration, format_table
 from ..demo.runner import detection_line
+from ..events.recent import MAX_LIMIT, read_limit
 from ..files import write_atomically
 from ..textsafe import printable
 from ..timeutil import utc_timestamp
@@ -53,11 +54,18 @@ def add_parsers(sub: argparse._SubParsersAction, options: Callable[..., argparse
     events = sub.add_parser("events", parents=[options(after_command=True)],
                             help="the recent events (newest first) and whether a snapshot of each is kept")
     events.add_argument("camera", nargs="?", help="only this camera (default: all)")
-    events.add_argument("--limit", type=int, default=None, help="at most this many (1..1000, default 50)")
+    events.add_argument("--limit", type=_limit, default=None, help=f"at most this many (1..{MAX_LIMIT}, default 50)")
     events.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
 
 
 COMMANDS = ("watch", "snapshot", "events")
+
+
+def _limit(text: str) -> int:
+    value = read_limit(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_LIMIT}, got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace, socket_path: str) -> int:

@@ -29,15 +29,13 @@ import collections
 import threading
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable
-
-import cv2
-import numpy as np
+from typing import TYPE_CHECKING, Callable
 
 from ..config.schema import CameraConfig
 from ..control.protocol import quoted_name
-from ..pipeline.snapshots import JPEG_QUALITY, PALETTE, annotate, as_bgr
-from ..postprocess import Detections
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MIB = 1024 * 1024
 #: a camera's JPEG budget unless configured: `cameras[].event_snapshots_mb`'s default
@@ -210,6 +208,12 @@ class EventLog:
 def _drawn(image: np.ndarray, box: tuple[float, float, float, float], score: float, label: str) -> np.ndarray:
     """A copy of `image` (BGR) with the box and "label score" drawn as on the latest frame; the
     colour follows the label (one per label name, stable across restarts)."""
+    # Imported here: `yoloedge-ctl` reads this module's request checks and must not load OpenCV.
+    import numpy as np
+
+    from ..pipeline.snapshots import PALETTE, annotate, as_bgr
+    from ..postprocess import Detections
+
     canvas = as_bgr(image)
     if canvas is image:
         canvas = image.copy()
@@ -220,6 +224,10 @@ def _drawn(image: np.ndarray, box: tuple[float, float, float, float], score: flo
 
 
 def _jpeg(image: np.ndarray) -> bytes:
+    import cv2
+
+    from ..pipeline.snapshots import JPEG_QUALITY
+
     ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
     if not ok:
         raise RuntimeError(f"JPEG encoding of a {image.shape} frame failed")
