@@ -38,6 +38,7 @@ from .config.schema import CameraConfig, Config, MqttConfig
 from .control.instance import AlreadyRunning, ControlServerError, InstanceLock
 from .control.server import ControlServer, unexpected_fields
 from .control.watch import WatchHub
+from .events.recent import EventLog, events_reply
 from .heap import release_free_heap
 from .health.logsetup import redact_text
 from .health.notify import SystemdNotifier, watchdog_interval_s
@@ -118,8 +119,10 @@ class Daemon:
         #: the BGR buffers the cameras' OpenCV captures retrieve their kept frames into, lent for a
         #: sink call each: a few serve every camera (see `sources.framepool`)
         self.frames = FramePool()
-        # /metrics, /api/status, /api/cameras/<name>/latest.jpg (web.endpoint)
-        self.http = HttpEndpoint(self.status, self._meters, self.snapshots)
+        #: each camera's recent events and their best shots, fed by the router (`events.recent`)
+        self.events = EventLog()
+        # /metrics, /api/status, /api/cameras/<name>/latest.jpg, /api/events (web.endpoint)
+        self.http = HttpEndpoint(self.status, self._meters, self.snapshots, self.events)
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._reload_done = threading.Condition()  # guards the two counters below
@@ -325,6 +328,7 @@ class Daemon:
         runtime = CameraRuntime(camera, group.name, queue, reader, failed=failed if camera.enabled else None,
                                 intake=intake)
         self.snapshots.add(camera.name)
+        self.events.configure_camera(camera)
         with self._lock:
             self.cameras[camera.name] = runtime
             publisher = self.publisher
@@ -363,6 +367,8 @@ class Daemon:
         self._removed.append(runtime)
         if dropped:
             log.info("camera %s removed with %d queued frame(s) discarded", name, dropped, extra={"camera": name})
+        if clear_state:  # removed, not restarted with new settings: its events go too
+            self.events.forget_camera(name)
         publisher = self._current_publisher()
         if clear_state and publisher is not None:
             publisher.clear_camera(name)
@@ -592,8 +598,11 @@ class Daemon:
         cmd = request.get("cmd")
         if cmd == "snapshot":  # takes "camera"; `watch` is a stream (see `_start_control`)
             return unexpected_fields(request, takes=("camera",)) or snapshot_reply(self.snapshots, request)
+        if cmd == "events":
+            return (unexpected_fields(request, takes=("camera", "limit"))
+                    or events_reply(self.events, request.get("camera"), request.get("limit"), self.snapshots.known))
         if cmd not in ("status", "reload"):
-            return {"ok": False, "error": f"unknown command {cmd!r} (status, reload, snapshot, watch)"}
+            return {"ok": False, "error": f"unknown command {cmd!r} (status, reload, snapshot, events, watch)"}
         refused = unexpected_fields(request)
         if refused is not None:
             return refused
@@ -647,6 +656,7 @@ class Daemon:
             "cameras": cameras,
             "mqtt": mqtt,
             "watchers": self.watchers.stats(),  # `yoloedge-ctl watch` clients: queued, dropped
+            "events": self.events.stats(),  # recent events and best shots kept, per camera
             **self._listener_stats(),  # "http", "control": where, and how accept() fares
         }
 

@@ -152,6 +152,8 @@ MAX_RETRIES = 1_000_000
 MAX_QUEUE_SIZE = 100
 #: the longest camera URL: an RTSP URL with credentials and query is a few hundred bytes.
 MAX_URL_BYTES = 8192
+#: the most MiB of event best shots per camera (a 1080p shot is about 0.3 MB)
+MAX_EVENT_SNAPSHOTS_MB = 4096
 
 CAMERA_FIELDS: dict[str, Reader] = {
     "name": Text(topic_safe=True, max_bytes=MAX_NAME_BYTES),
@@ -177,6 +179,7 @@ CAMERA_FIELDS: dict[str, Reader] = {
     "zones": read_zones,
     "lines": read_lines,
     "publish": read_publish,
+    "event_snapshots_mb": Number(ge=0, le=MAX_EVENT_SNAPSHOTS_MB, example=16),
 }
 
 

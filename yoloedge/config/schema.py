@@ -78,6 +78,8 @@ class CameraConfig:
     zones: tuple[ZoneConfig, ...] = ()  # polygons in fractions of the frame (events.zones)
     lines: tuple[LineConfig, ...] = ()  # counting lines A-B in fractions of the frame (events.lines)
     publish: PublishMode = PublishMode.BOTH  # per-frame detections, events (and counts), or both
+    #: MiB of event best shots (JPEGs) kept for the camera; the oldest events' go first. 0: none.
+    event_snapshots_mb: float = 16.0
 
 
 @dataclass(frozen=True)
