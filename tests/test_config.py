@@ -141,8 +141,9 @@ def test_minimal_camera_takes_the_documented_defaults(tmp_path, model):
     assert camera == CameraConfig(name="gate", url="rtsp://cam.local/stream")
     assert (camera.enabled, camera.fps, camera.realtime, camera.loop, camera.classes, camera.min_score,
             camera.open_timeout_s, camera.read_timeout_s, camera.backoff_initial_s, camera.backoff_max_s,
-            camera.max_retries, camera.queue_size, camera.publish_empty, camera.accelerator) == \
-           (True, None, None, False, None, None, 10.0, 10.0, 1.0, 30.0, 0, 2, True, None)
+            camera.max_retries, camera.queue_size, camera.publish_empty, camera.accelerator,
+            camera.event_snapshots_mb) == \
+           (True, None, None, False, None, None, 10.0, 10.0, 1.0, 30.0, 0, 2, True, None, 16.0)
 
 
 def test_empty_sections_take_their_defaults(tmp_path, model):

@@ -239,7 +239,8 @@ def test_status_page_in_chromium_shows_every_camera_and_the_published_boxes(
     assert headers["X-Content-Type-Options"] == "nosniff"
     policy = headers["Content-Security-Policy"]
     assert "default-src 'self'" in policy and "img-src 'self'" in policy and "unsafe-eval" not in policy
-    assert b"http://" not in body and b"https://" not in body, "the page refers to nothing outside itself"
+    outside = body.replace(b'"http://www.w3.org/2000/svg"', b"")  # the SVG namespace's name: never fetched
+    assert b"http://" not in outside and b"https://" not in outside, "the page refers to nothing outside itself"
 
     chromium.send("Page.navigate", {"url": f"http://127.0.0.1:{port}/"}, session=chromium.session)
     names = chromium.wait_until("document.querySelectorAll('.camera').length === 2 && "
@@ -295,3 +296,93 @@ def test_status_page_in_chromium_shows_every_camera_and_the_published_boxes(
     wait_for(lambda: any("Content Security Policy" in e for e in chromium.errors()), 5,
              f"no CSP violation reported: {chromium.errors()}")
     assert daemon.stop() == 0
+
+
+# -- zones, lines, counts and events: the page against the daemon's endpoint in-process ----------
+
+#: a zone named like markup, a polygon and a line from top A to bottom B (left to right is `in`)
+ZONE = {"name": "<b>yard</b>", "polygon": [[0.05, 0.35], [0.35, 0.35], [0.35, 0.95], [0.05, 0.95]],
+        "objects": {"person": 2, "car": 1}, "entered": {"person": 5}}
+LINE = {"name": "gate", "points": [[0.5, 0.0], [0.5, 1.0]], "in": {"car": 3}, "out": {"car": 1}}
+
+
+def events_endpoint(log):
+    """The daemon's HTTP endpoint with one camera, `gate`, that has published a 320x180 frame
+    and whose status carries ZONE and LINE as the router reports them."""
+    from yoloedge.config.schema import HttpConfig
+    from yoloedge.pipeline.snapshots import SnapshotStore
+    from yoloedge.postprocess import Detections
+    from yoloedge.sources.frame import Frame
+    from yoloedge.web.endpoint import HttpEndpoint
+
+    store = SnapshotStore(clock=lambda: 0.0)
+    store.add("gate")
+    store.offer(Frame("gate", 1, np.full((180, 320, 3), 70, np.uint8), capture_time=1000.0, capture_mono=1.0))
+    store.published("gate", 1, 1.0, 1000.0, Detections.empty(320, 180), ("person",))
+    status = {"ok": True, "daemon": {"state": "running", "healthy": True, "version": "0.1.0", "problems": []},
+              "cameras": [{"name": "gate", "state": "streaming", "published": 1, "zones": [ZONE], "lines": [LINE]}],
+              "accelerators": [], "mqtt": {}}
+    endpoint = HttpEndpoint(lambda: status, lambda: None, store, log)
+    endpoint.start(HttpConfig(listen=("127.0.0.1", 0)))
+    assert endpoint.server is not None
+    return endpoint, endpoint.server.address[1]
+
+
+def test_status_page_draws_zones_and_lines_over_the_frame_and_lists_the_events(chromium):
+    from yoloedge.events.recent import EventLog
+
+    log = EventLog()
+    base = {"v": 1, "camera": "gate", "label": "car", "start_time": 1000.0, "end_time": None, "frame_time": 1004.0,
+            "score": 0.8, "top_score": 0.9, "entered_zones": ["<b>yard</b>"],
+            "crossings": [{"line": "gate", "direction": "in", "time": 1003.0}]}
+    log.record({**base, "type": "update", "id": "ev-1"})
+    log.best_shot("gate", "ev-1", np.full((90, 160, 3), 120, np.uint8), (10, 10, 80, 60), 0.9, 1002.0)
+    log.record({**base, "type": "end", "id": "ev-2", "end_time": 1009.0, "crossings": []})
+    endpoint, port = events_endpoint(log)
+    try:
+        chromium.send("Page.navigate", {"url": f"http://127.0.0.1:{port}/"}, session=chromium.session)
+        card = camera_card("gate")
+        chromium.wait_until(f"{card} && !{card}.querySelector('svg.overlay').classList.contains('hidden')", 20)
+        drawn = chromium.evaluate(f"""(() => {{
+            const card = {card}, svg = card.querySelector('svg.overlay'), img = card.querySelector('img');
+            const r = svg.getBoundingClientRect(), i = img.getBoundingClientRect();
+            const zone = svg.querySelector('g.zone'), line = svg.querySelector('g.line');
+            const seg = line.querySelector('line.segment'), arrow = line.querySelector('line.in-arrow');
+            const num = (node, name) => Number(node.getAttribute(name));
+            return {{viewBox: svg.getAttribute('viewBox'), box: [r.x, r.y, r.width, r.height],
+                     img: [i.x, i.y, i.width, i.height], zone: zone.dataset.name,
+                     polygon: zone.querySelector('polygon').getAttribute('points'),
+                     zoneLabel: zone.querySelector('text').textContent,
+                     segment: ['x1', 'y1', 'x2', 'y2'].map((n) => num(seg, n)),
+                     arrow: ['x1', 'y1', 'x2', 'y2'].map((n) => num(arrow, n)),
+                     ends: [...line.querySelectorAll('text.end')].map((t) => [t.textContent, num(t, 'y')]),
+                     counts: card.querySelector('.counts').textContent}};
+        }})()""")
+        assert drawn["viewBox"] == "0 0 320 180", "the overlay is in the frame's own pixels"
+        assert drawn["box"] == pytest.approx(drawn["img"], abs=1), "the overlay lies exactly over the image"
+        assert drawn["zone"] == "<b>yard</b>" and drawn["zoneLabel"] == "<b>yard</b>: 3"
+        corners = [float(v) for pair in drawn["polygon"].split() for v in pair.split(",")]
+        assert corners == pytest.approx([16, 63, 112, 63, 112, 171, 16, 171])
+        assert drawn["segment"] == pytest.approx([160, 0, 160, 180])
+        x1, y1, x2, y2 = drawn["arrow"]
+        assert (x1, y1) == pytest.approx((160, 90)) and x2 > x1 + 5 and y2 == pytest.approx(y1), \
+            "top-to-bottom line: `in` is left to right"
+        (a, ay), (b, by) = drawn["ends"]
+        assert (a, b) == ("A", "B") and ay < by
+        assert "zone <b>yard</b>: 3 inside (person 2, car 1)" in drawn["counts"]
+        assert "entered person 5" in drawn["counts"] and "line gate: in car 3 \u00b7 out car 1" in drawn["counts"]
+        assert chromium.evaluate("document.querySelectorAll('b').length") == 0, "a zone name became markup"
+
+        rows = chromium.wait_until("""(() => {
+            const rows = [...document.querySelectorAll('#events tr')];
+            const img = rows.length && rows[1].querySelector('img');
+            if (rows.length !== 2 || !img.complete || img.naturalWidth === 0) return false;
+            return rows.map((r) => [r.dataset.event, r.querySelector('img').naturalWidth,
+                                    [...r.querySelectorAll('td')].slice(1).map((td) => td.textContent)]);
+        })()""", 20)
+        assert [(event_id, width) for event_id, width, _ in rows] == [("ev-2", 0), ("ev-1", 160)]
+        assert rows[0][2][3:4] == ["ended"] and rows[0][2][5] == "9 s"
+        assert rows[1][2][3] == "active" and rows[1][2][6:] == ["<b>yard</b>", "gate in"]
+        assert chromium.errors() == [], "console errors on the status page"
+    finally:
+        endpoint.stop()

@@ -40,6 +40,7 @@ from .control.instance import AlreadyRunning, ControlServerError, InstanceLock
 from .control.protocol import quoted_name
 from .control.server import ControlServer, unexpected_fields
 from .control.watch import WatchHub
+from .events.recent import EventLog, events_reply
 from .heap import release_free_heap
 from .health.logsetup import redact_text
 from .health.notify import SystemdNotifier, watchdog_interval_s
@@ -149,8 +150,10 @@ class Daemon:
         #: the BGR buffers the cameras' OpenCV captures retrieve their kept frames into, lent for a
         #: sink call each: a few serve every camera (see `sources.framepool`)
         self.frames = FramePool()
-        # /metrics, /api/status, /api/cameras/<name>/latest.jpg (web.endpoint)
-        self.http = HttpEndpoint(self.status, self._meters, self.snapshots)
+        #: each camera's recent events and their best shots, fed by the router (`events.recent`)
+        self.events = EventLog()
+        # /metrics, /api/status, /api/cameras/<name>/latest.jpg, /api/events (web.endpoint)
+        self.http = HttpEndpoint(self.status, self._meters, self.snapshots, self.events)
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._reload_done = threading.Condition()  # guards the two counters below
@@ -177,7 +180,8 @@ class Daemon:
         self.tracking = TrackingStage(self.counts, self.keeper,
                                       emit=lambda camera, batch: self.results.events(camera, batch))
         self.results = ResultRouter(self.cameras, config.model.path, stages=[self.tracking], sinks=build_sinks(
-            SinkContext(lambda: self.publisher, snapshots=self.snapshots, watchers=self.watchers)))
+            SinkContext(lambda: self.publisher, snapshots=self.snapshots, watchers=self.watchers,
+                        event_log=self.events)))
 
     # -- public entry ------------------------------------------------------------------------
     def run(self) -> int:
@@ -363,6 +367,7 @@ class Daemon:
         runtime = CameraRuntime(camera, group.name, queue, reader, failed=failed if camera.enabled else None,
                                 intake=intake)
         self.snapshots.add(camera.name)
+        self.events.configure_camera(camera)
         with self._lock:
             self.cameras[camera.name] = runtime
         self.results.camera_added(camera)  # before its first state: Home Assistant discovery
@@ -404,6 +409,7 @@ class Daemon:
         if clear_state:  # its events end; its retained state and Home Assistant entities go
             self.tracking.remove(name)
             self.keeper.forget(name)
+            self.events.forget_camera(name)
             self.results.camera_removed(name)
 
     # -- main loop ---------------------------------------------------------------------------
@@ -647,8 +653,12 @@ class Daemon:
             return unexpected_fields(request, takes=("camera",)) or snapshot_reply(self.snapshots, request)
         if cmd == "reset-counts":
             return unexpected_fields(request, takes=("camera", "name")) or self._reset_counts(request)
+        if cmd == "events":
+            return (unexpected_fields(request, takes=("camera", "limit"))
+                    or events_reply(self.events, request.get("camera"), request.get("limit"), self.snapshots.known))
         if cmd not in ("status", "reload"):
-            return {"ok": False, "error": f"unknown command {cmd!r} (status, reload, snapshot, reset-counts, watch)"}
+            return {"ok": False, "error": f"unknown command {cmd!r} (status, reload, snapshot, events, reset-counts, "
+                                          f"watch)"}
         refused = unexpected_fields(request)
         if refused is not None:
             return refused
@@ -719,6 +729,7 @@ class Daemon:
             "mqtt": mqtt,
             "sinks": self.results.stats(),  # each result sink's and stage's errors
             "watchers": self.watchers.stats(),  # `yoloedge-ctl watch` clients: queued, dropped
+            "events": self.events.stats(),  # recent events and best shots kept, per camera
             **self._listener_stats(),  # "http", "control": where, and how accept() fares
         }
 

@@ -68,21 +68,37 @@ def read_bounded(path: str, max_bytes: int) -> bytes:
     return data
 
 
-def write_atomically(path: str, data: bytes, mode: int | None = None) -> None:
+def write_atomically(path: str, data: bytes, mode: int | None = None, durable: bool = False) -> None:
     """Replace the file at `path` with `data` in one step: a reader (an image viewer reloading a
     snapshot, systemd reading an env file) sees the old file or the new one, never half of one.
-    `mode` None: what open() would have made (0666 less the umask), not mkstemp's 0600."""
+    `mode` None: what open() would have made (0666 less the umask), not mkstemp's 0600.
+    `durable`: the data and the rename are on disk when this returns (fsync of the file before the
+    rename, of the folder after it), so a power cut leaves the old file or the new one, not an
+    empty one (state that must survive a restart: line and zone counts)."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.chmod(temporary, 0o666 & ~_umask() if mode is None else mode)
         os.replace(temporary, path)
+        if durable:
+            _fsync_folder(folder)
     except BaseException:
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def _fsync_folder(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:

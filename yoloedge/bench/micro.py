@@ -162,3 +162,25 @@ def bench_model(model_path: str, frame: np.ndarray, repeat: int, threads: int = 
     ]
     det.close()
     return rows
+
+
+# -- event best shots --------------------------------------------------------------------------
+def bench_event_shot(frame: np.ndarray, repeat: int) -> list[Timing]:
+    """What one event best shot costs the router's thread (`EventLog.best_shot`: a frame copy,
+    the box drawn, the JPEG encoded) and how large it is. Each call is a second of frame time
+    after the one before, so every call encodes."""
+    from ..events.recent import EventLog
+
+    log = EventLog()
+    log.record({"id": "bench-1", "camera": "bench", "label": "person"})
+    height, width = frame.shape[:2]
+    box = (width * 0.3, height * 0.2, width * 0.6, height * 0.9)
+    clock = [0.0]
+
+    def shot() -> None:
+        clock[0] += 1.0
+        log.best_shot("bench", "bench-1", frame, box, 0.9, clock[0])
+
+    row = measure("copy + draw + JPEG encode (EventLog.best_shot)", shot, repeat)
+    size = len(log.snapshot("bench-1") or b"")
+    return [Timing(row.name, row.median_ms, row.p90_ms, f"{size / 1e3:.0f} kB per shot")]

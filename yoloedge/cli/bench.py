@@ -74,7 +74,7 @@ def _complain(exc: Exception) -> int:
 
 
 def run_micro(args: argparse.Namespace) -> int:
-    from ..bench.micro import bench_decode_nms, bench_letterbox, format_table
+    from ..bench.micro import bench_decode_nms, bench_event_shot, bench_letterbox, format_table
     from ..config import ModelConfig
     from ..detector import open_detector
 
@@ -94,6 +94,8 @@ def run_micro(args: argparse.Namespace) -> int:
     output = det.infer(1)[0][0].copy()
     print(format_table("v8 decode + NMS on a real 640 output (conf 0.25, IoU 0.45)",
                        bench_decode_nms(output, 0.25, 0.45, args.repeat)))
+    print(format_table("an event's best shot, at most once a second per event",
+                       bench_event_shot(frame, max(10, args.repeat // 10))))
     det.close()
     return 0
 

@@ -2,9 +2,10 @@
 
     yoloedge-ctl [--socket PATH | -c CONFIG] [--timeout S] status [--json]
     yoloedge-ctl [--socket PATH | -c CONFIG] [--timeout S] reload
-    yoloedge-ctl [--socket PATH | -c CONFIG] watch [CAMERA] [--json]   (see `cli.ctl_live`)
+    yoloedge-ctl [--socket PATH | -c CONFIG] watch [CAMERA] [--events] [--json]   (see `cli.ctl_live`)
     yoloedge-ctl [--socket PATH | -c CONFIG] snapshot CAMERA -o FILE.jpg
     yoloedge-ctl [--socket PATH | -c CONFIG] reset-counts CAMERA [LINE|ZONE]
+    yoloedge-ctl [--socket PATH | -c CONFIG] events [CAMERA] [--limit N] [--json]
 
 The global options go before or after the command (`yoloedge-ctl status -c CONFIG`). With
 `-c CONFIG` the socket path is the config file's `control.socket`; without it (or without -c),
@@ -60,7 +61,10 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
               "refused": int (clients told "out of file descriptors" and closed),
               "last_accept_failure": str | null (UTC), "accept_failing": bool,
               "accept_error": str | null},
-     "control": {"socket": str | null, and the same accept counts}}  (the counts only while listening)
+     "control": {"socket": str | null, and the same accept counts},  (the counts only while listening)
+     "events": {"cameras": {name: {"events": int, "snapshots": int, "snapshot_bytes": int,
+                                   "budget_bytes": int}},
+                "encoded": int, "skipped": int, "evicted": int}}  (see `events.recent.EventLog.stats`)
 
 The daemon may add keys (e.g. `daemon.device_id`, `daemon.restart_needed_for`: changed keys
 that only a restart applies); `status` shows what it knows and ignores the rest.
@@ -68,6 +72,11 @@ that only a restart applies); `status` shows what it knows and ignores the rest.
 `{"cmd": "reload"}` is answered once the daemon has tried the reload:
 `{"ok": bool, "generation": int, "reloaded": bool, "config_error": str | null}` --
 ok false means the new config was rejected (config_error says why; the old one stays).
+`{"cmd": "events", "camera": str | null, "limit": int (1..1000, default 50)}` is answered with
+`{"ok": true, "camera": str | null, "events": [...]}`: the latest message of each recent event,
+newest first, as published on MQTT, plus `"jpeg": {"frame_time", "score", "box", "bytes"} | null`
+(the best shot kept, `GET /api/events/{id}/snapshot.jpg`); a camera that is not configured gets
+`{"ok": false, "reason": "unknown_camera", ...}` (see `events.recent`).
 Any request the daemon cannot serve gets `{"ok": false, "error": str}`.
 """
 
@@ -252,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "status":
             return _status(socket_path, args.timeout or STATUS_TIMEOUT_S, args.json)
-        if args.command in ("watch", "snapshot"):
+        if args.command in ctl_live.COMMANDS:
             return ctl_live.run(args, socket_path)
         if args.command == "reset-counts":
             return _reset_counts(socket_path, args.timeout or STATUS_TIMEOUT_S, args.camera, args.name)

@@ -25,6 +25,7 @@ from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Choice, Context, Integer,
                      range_order_ok, read_fields, read_string_list, report_duplicate_names, sequence_or_report)
 from .schema import AcceleratorConfig, CameraConfig
 from .yamltree import Item
+from .zones import objects_in_classes_ok, read_lines, read_publish, read_zones, zone_names_ok
 
 NETWORK_SCHEMES = ("rtsp", "rtsps", "http", "https")
 SYNTHETIC_SCHEME = "synthetic"
@@ -151,6 +152,8 @@ MAX_RETRIES = 1_000_000
 MAX_QUEUE_SIZE = 100
 #: the longest camera URL: an RTSP URL with credentials and query is a few hundred bytes.
 MAX_URL_BYTES = 8192
+#: the most MiB of event best shots per camera (a 1080p shot is about 0.3 MB)
+MAX_EVENT_SNAPSHOTS_MB = 4096
 
 CAMERA_FIELDS: dict[str, Reader] = {
     "name": Text(topic_safe=True, max_bytes=MAX_NAME_BYTES),
@@ -173,6 +176,10 @@ CAMERA_FIELDS: dict[str, Reader] = {
     "jpeg_decoder": read_jpeg_decoder,
     "publish_empty": Boolean(),
     "accelerator": Text(optional=True, max_bytes=MAX_NAME_BYTES),
+    "zones": read_zones,
+    "lines": read_lines,
+    "publish": read_publish,
+    "event_snapshots_mb": Number(ge=0, le=MAX_EVENT_SNAPSHOTS_MB, example=16),
 }
 
 
@@ -199,6 +206,8 @@ def read_camera(ctx: Context, item: Item) -> Any:
     sound = ("url" not in values or live_source_options_ok(ctx, item.value, values)) and sound
     sound = decoder_ok(ctx, item.value, values) and sound
     sound = range_order_ok(ctx, item.value, "backoff_initial_s", "backoff_max_s", values) and sound
+    zone_names_ok(ctx, item.value)
+    sound = objects_in_classes_ok(ctx, item.value, values) and sound
     if not sound or "name" not in values or ("url" not in values and "pipeline" not in values):
         return INVALID
     if "pipeline" in values:  # read as written, by GStreamer; url stays empty

@@ -41,6 +41,7 @@ from .model import ModelConfig
 from .schema import Config, ControlConfig, HealthConfig, HomeAssistantConfig, LoggingConfig, MqttConfig, TlsConfig
 from .tls import TlsMaterialError, client_context
 from .yamltree import Item, parse_tree
+from .zones import check_camera_objects
 
 DEFAULT_PATH = "/etc/yoloedge/yoloedge.yaml"
 UNIX_SOCKET_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
@@ -143,6 +144,8 @@ def build_config(ctx: Context, root: Item | None, source: str) -> Config | None:
     values.setdefault("accelerators", default_accelerators())
     if accelerators_ok and "cameras" in root.value:
         check_camera_accelerators(ctx, root.value["cameras"], values["accelerators"])
+    if "cameras" in root.value and "model" in values:
+        check_camera_objects(ctx, root.value["cameras"], values["model"])
     if "accelerators" in root.value and accelerators_ok and "model" in values:
         check_model_file_kind(ctx, root.value["accelerators"], values["accelerators"], values["model"].path)
     if any(key not in values for key in TOP_REQUIRED):

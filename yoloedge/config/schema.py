@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..events.types import LineConfig, PublishMode, ZoneConfig
 from .catalogue import BACKEND_NAMES
 from .model import ModelConfig, OnnxRuntimeConfig
 
@@ -74,6 +75,11 @@ class CameraConfig:
     jpeg_decoder: str = "auto"
     publish_empty: bool = True  # publish frames with no detections
     accelerator: str | None = None  # accelerator name; None: the first
+    zones: tuple[ZoneConfig, ...] = ()  # polygons in fractions of the frame (events.zones)
+    lines: tuple[LineConfig, ...] = ()  # counting lines A-B in fractions of the frame (events.lines)
+    publish: PublishMode = PublishMode.BOTH  # per-frame detections, events (and counts), or both
+    #: MiB of event best shots (JPEGs) kept for the camera; the oldest events' go first. 0: none.
+    event_snapshots_mb: float = 16.0
 
 
 @dataclass(frozen=True)

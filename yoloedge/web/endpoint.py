@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import logging
 from http import HTTPStatus
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 from typing import Callable
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from ..config.schema import HttpConfig
+from ..control.protocol import encode
+from ..events.recent import EventLog, events_reply, valid_event_id
 from ..pipeline.snapshots import SnapshotStore
 from .access import HostPolicy
 from .metrics import Meters, new_registry
@@ -33,18 +35,26 @@ class HttpBindError(RuntimeError):
 #: where each camera's latest annotated frame is served: CAMERA_IMAGES + <name> + LATEST_JPEG.
 CAMERA_IMAGES = "/api/cameras/"
 LATEST_JPEG = "/latest.jpg"
+#: the recent events (JSON), and each one's best shot: EVENTS + "/" + <id> + SNAPSHOT_JPEG
+EVENTS = "/api/events"
+SNAPSHOT_JPEG = "/snapshot.jpg"
+#: what `GET /api/events` takes in its query string
+EVENTS_QUERY = ("camera", "limit")
 
 
 class HttpEndpoint:
     def __init__(self, status: Callable[[], dict], meters: Callable[[], Meters],
-                 snapshots: SnapshotStore | None = None):
+                 snapshots: SnapshotStore | None = None, events: EventLog | None = None):
         self._status = status
         self._snapshots = snapshots
+        self._events = events
         self.registry = new_registry(status, meters)
         self.router = Router()
         self.router.add("/metrics", self._metrics)
         self.router.add("/api/status", self._api_status)
         self.router.add_prefix(CAMERA_IMAGES, self._camera_image)
+        self.router.add(EVENTS, self._api_events)
+        self.router.add_prefix(EVENTS + "/", self._event_snapshot)
         self.router.add("/", status_page)  # the status page and its icon (web.page)
         self.router.add("/favicon.ico", icon)
         self.config: HttpConfig | None = None
@@ -61,7 +71,7 @@ class HttpEndpoint:
         server.start()
         self.server = server
         shown = f"[{host}]" if ":" in host else host
-        log.info("HTTP endpoint on http://%s:%d (/, /metrics, /api/status)%s", shown, server.address[1],
+        log.info("HTTP endpoint on http://%s:%d (/, /metrics, /api/status, /api/events)%s", shown, server.address[1],
                  ", basic auth" if self.router.auth else "")
 
     def apply(self, new: HttpConfig) -> None:
@@ -100,6 +110,45 @@ class HttpEndpoint:
         if jpeg is None:
             return text_response(HTTPStatus.SERVICE_UNAVAILABLE, "no processed frame yet",
                                  headers=(("Retry-After", "1"),))
+        return Response(HTTPStatus.OK, jpeg, "image/jpeg")
+
+    def _api_events(self, request: Request) -> Response:
+        """What `yoloedge-ctl events --json` prints (`events.recent.events_reply`): `?camera=NAME`
+        (404 for one that is not configured), `?limit=N` (1..1000, default 50); any other
+        parameter, or one given twice, is a 400 rather than ignored."""
+        try:
+            query = parse_qs(request.query, keep_blank_values=True, strict_parsing=bool(request.query),
+                             errors="strict", max_num_fields=len(EVENTS_QUERY))
+        except (ValueError, UnicodeDecodeError):
+            return text_response(HTTPStatus.BAD_REQUEST, "a query string of camera=NAME and limit=N, URL-encoded")
+        extra = sorted(set(query) - set(EVENTS_QUERY))
+        if extra or any(len(values) > 1 for values in query.values()):
+            return text_response(HTTPStatus.BAD_REQUEST, "takes camera=NAME and limit=N, each once")
+        events, snapshots = self._events, self._snapshots
+        if events is None or snapshots is None:
+            return text_response(HTTPStatus.NOT_FOUND, "this endpoint keeps no events")
+        camera, limit = query.get("camera", [None])[0], query.get("limit", [None])[0]
+        reply = events_reply(events, camera, limit, snapshots.known)
+        if not reply["ok"]:
+            missing = reply.get("reason") == "unknown_camera"
+            return text_response(HTTPStatus.NOT_FOUND if missing else HTTPStatus.BAD_REQUEST, reply["error"])
+        return Response(HTTPStatus.OK, encode(reply), "application/json")
+
+    def _event_snapshot(self, request: Request) -> Response:
+        """An event's best shot, its box drawn: 400 for a malformed id, 404 for an event without
+        a shot (unknown, forgotten, or its shot dropped for the camera's budget)."""
+        rest = request.path[len(EVENTS) + 1:]
+        if not rest.endswith(SNAPSHOT_JPEG):
+            return text_response(HTTPStatus.NOT_FOUND)
+        try:
+            event_id = unquote(rest[:-len(SNAPSHOT_JPEG)], errors="strict")
+        except UnicodeDecodeError:
+            event_id = ""
+        if not valid_event_id(event_id):
+            return text_response(HTTPStatus.BAD_REQUEST, "not an event id")
+        jpeg = self._events.snapshot(event_id) if self._events is not None else None
+        if jpeg is None:
+            return text_response(HTTPStatus.NOT_FOUND, "no snapshot of that event")
         return Response(HTTPStatus.OK, jpeg, "image/jpeg")
 
     def stats(self) -> dict:

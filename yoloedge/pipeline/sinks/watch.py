@@ -1,8 +1,9 @@
-"""`yoloedge-ctl watch`: every detections message, as it goes out (see `control.watch`)."""
+"""`yoloedge-ctl watch`: every detections message, and with `--events` every event message, as
+they go out (see `control.watch`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...control.watch import WatchHub
 from ..results import FrameResult, Sink, publishes_detections
@@ -24,3 +25,9 @@ class WatchSink(Sink):
     def frame(self, result: FrameResult) -> None:
         if result.wanted and publishes_detections(result.config) and self._hub.watched:
             self._hub.publish(result.camera, result.message)
+        if result.events is not None:
+            self.events(result.camera, result.events)
+
+    def events(self, camera: str, batch: Any) -> None:
+        for message in batch.messages:
+            self._hub.publish_event(camera, message)

@@ -1,0 +1,169 @@
+"""A camera's `zones:`, `lines:` and `publish:` keys (issue 17; see `events`).
+
+Coordinates are fractions of the frame (0..1, x right, y down). A zone's polygon has at least 3
+distinct points, does not intersect itself and encloses some area; a line has two distinct points.
+Zone and line names become MQTT topic levels (`.../zones/{name}`, `.../lines/{name}`), so they are
+read like camera names, and they are unique per camera across zones and lines (status and
+`yoloedge-ctl reset-counts CAMERA NAME` name either by it). `objects` must be labels the camera
+can publish (in its `classes:` when it has them) and, when the config gives the model's labels
+(`model.labels`, a list or a file), labels of the model; labels that only the model file knows are
+checked when the camera starts (a warning, like `classes:`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..errors import ModelError
+from ..events.geometry import polygon_problem
+from ..events.types import DEFAULT_INERTIA, Anchor, LineConfig, PublishMode, ZoneConfig
+from ..model.labels import MAX_CLASSES, read_labels_file
+from .fields import (INVALID, MAX_NAME_BYTES, Choice, Context, Integer, Reader, Text, did_you_mean, is_number,
+                     read_fields, read_string_list, report_duplicate_names, sequence_or_report)
+from .model import ModelConfig
+from .yamltree import Item
+
+#: most zones, and most lines, per camera; every one is tested against every track each frame.
+MAX_ZONES = 100
+#: most points of a zone's outline (the self-intersection check is quadratic in them).
+MAX_POLYGON_POINTS = 100
+#: most frames of zone inertia: at 30 fps, 10 s inside before a track counts as entered.
+MAX_INERTIA = 300
+
+ANCHORS = tuple(anchor.value for anchor in Anchor)
+PUBLISH_MODES = tuple(mode.value for mode in PublishMode)
+POINT = "[x, y] with x and y from 0 to 1 (fractions of the frame's width and height)"
+
+
+def read_point(ctx: Context, item: Item) -> Any:
+    value = item.value
+    if (item.is_sequence and len(value) == 2 and all(is_number(c.value) and 0 <= c.value <= 1 for c in value)):
+        return (float(value[0].value), float(value[1].value))
+    return ctx.bad_value(item, f"must be a point {POINT}", "e.g. [0.25, 0.5]")
+
+
+def read_polygon(ctx: Context, item: Item) -> Any:
+    children = sequence_or_report(ctx, item, "points", MAX_POLYGON_POINTS)
+    if children is None:
+        return INVALID
+    points = [read_point(ctx, child) for child in children]
+    if INVALID in points:
+        return INVALID
+    problem = polygon_problem(points)
+    if problem is not None:
+        return ctx.problem(item, f"not a usable zone outline: {problem}",
+                           "e.g. polygon: [[0.05, 0.35], [0.35, 0.35], [0.35, 0.95], [0.05, 0.95]]")
+    return tuple(points)
+
+
+def read_line_points(ctx: Context, item: Item) -> Any:
+    if not item.is_sequence or len(item.value) != 2:
+        return ctx.bad_value(item, f"must be two points A and B, each {POINT}", "e.g. points: [[0.5, 0.0], [0.5, 1.0]]")
+    points = [read_point(ctx, child) for child in item.value]
+    if INVALID in points:
+        return INVALID
+    if points[0] == points[1]:
+        return ctx.problem(item, "A and B are the same point; a line needs two distinct points")
+    return (points[0], points[1])
+
+
+def read_objects(ctx: Context, item: Item) -> Any:
+    if item.value is None:
+        return None
+    names = read_string_list(ctx, item, "label names", MAX_CLASSES)
+    return INVALID if names is INVALID else tuple(dict.fromkeys(names))
+
+
+def read_anchor(ctx: Context, item: Item) -> Any:
+    value = Choice(ANCHORS)(ctx, item)
+    return INVALID if value is INVALID else Anchor(value)
+
+
+def read_publish(ctx: Context, item: Item) -> Any:
+    value = Choice(PUBLISH_MODES)(ctx, item)
+    return INVALID if value is INVALID else PublishMode(value)
+
+
+NAME = Text(topic_safe=True, max_bytes=MAX_NAME_BYTES)
+
+ZONE_FIELDS: dict[str, Reader] = {
+    "name": NAME,
+    "polygon": read_polygon,
+    "objects": read_objects,
+    "inertia": Integer(ge=1, le=MAX_INERTIA, example=DEFAULT_INERTIA),
+    "anchor": read_anchor,
+}
+
+LINE_FIELDS: dict[str, Reader] = {
+    "name": NAME,
+    "points": read_line_points,
+    "objects": read_objects,
+    "anchor": read_anchor,
+}
+
+
+def read_zones(ctx: Context, item: Item) -> Any:
+    return _read_list(ctx, item, "zones", ZONE_FIELDS, ("name", "polygon"), ZoneConfig)
+
+
+def read_lines(ctx: Context, item: Item) -> Any:
+    return _read_list(ctx, item, "lines", LINE_FIELDS, ("name", "points"), LineConfig)
+
+
+def _read_list(ctx: Context, item: Item, what: str, fields: dict[str, Reader], required: Sequence[str],
+               build: Any) -> Any:
+    if item.value is None:
+        return ()
+    children = sequence_or_report(ctx, item, what, MAX_ZONES)
+    if children is None:
+        return INVALID
+    built = []
+    for child in children:
+        values = read_fields(ctx, child, fields, required)
+        built.append(INVALID if values is None or any(key not in values for key in required) else build(**values))
+    return INVALID if INVALID in built else tuple(built)
+
+
+def zone_names_ok(ctx: Context, entries: dict) -> None:
+    """Names are unique across a camera's zones and lines (reset-counts and status name either)."""
+    children = [child for key in ("zones", "lines") if key in entries and entries[key].is_sequence
+                for child in entries[key].value]
+    names = [child.value["name"].value if child.is_mapping and "name" in child.value else None for child in children]
+    report_duplicate_names(ctx, children, names, "zone or line")
+
+
+def objects_in_classes_ok(ctx: Context, entries: dict, values: dict) -> bool:
+    """A zone or line counting a label the camera never publishes (not in its `classes`) would
+    count nothing: refused."""
+    classes = values.get("classes")
+    if classes is None:
+        return True
+    return _labels_ok(ctx, entries, classes, "is not in this camera's classes, so it would never count",
+                      "add it to classes: or remove it here")
+
+
+def check_camera_objects(ctx: Context, cameras: Item, model: ModelConfig) -> None:
+    """Run once the model section is valid: `objects` must be labels of the model when the config
+    gives them (a list, or a labels file); works on the Items, like the accelerator check."""
+    if model.labels is None:
+        return
+    try:
+        labels = read_labels_file(model.labels) if isinstance(model.labels, str) else list(model.labels)
+    except ModelError:
+        return  # the daemon reports the unreadable labels file when it loads the model
+    for camera in cameras.value if cameras.is_sequence else ():
+        if camera.is_mapping:
+            _labels_ok(ctx, camera.value, labels, "is not one of the model's labels (model.labels)")
+
+
+def _labels_ok(ctx: Context, entries: dict, known: Sequence[str], requirement: str, hint: str | None = None) -> bool:
+    ok = True
+    for key in ("zones", "lines"):
+        section = entries.get(key)
+        for child in section.value if section is not None and section.is_sequence else ():
+            objects = child.value.get("objects") if child.is_mapping else None
+            for label in objects.value if objects is not None and objects.is_sequence else ():
+                if isinstance(label.value, str) and label.value not in known:
+                    ctx.bad_value(label, requirement, did_you_mean(label.value, known) or hint)
+                    ok = False
+    return ok
