@@ -362,7 +362,8 @@ class Daemon:
         if camera.enabled and failed is None:
             intake = group.add_camera(camera.name, queue_size_for(camera, group.config.batch), is_lossless(camera))
             queue = intake.queue
-            reader = CameraReader(camera, self.snapshots.tap(camera.name, self.keeper.tap(camera.name, intake)),
+            reader = CameraReader(camera, self.snapshots.tap(camera.name, self.keeper.tap(camera.name, intake,
+                                                                                is_lossless(camera))),
                                   self.config.health.stall_timeout_s, self.results.camera_state, pool=self.frames)
         runtime = CameraRuntime(camera, group.name, queue, reader, failed=failed if camera.enabled else None,
                                 intake=intake)

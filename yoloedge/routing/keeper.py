@@ -11,8 +11,11 @@ tracks): only then can a frame become a best shot. While wanted, the reader copi
 one of `depth` frame-sized buffers the camera owns (allocated once per frame size, never per
 frame; a 1080p copy costs about half a millisecond); the router finds it by (seq, capture time)
 and lets it and every older one go once the frame's sinks have run. With every buffer held by
-frames still in flight, a frame is not kept (counted in `missed`): its best shot, if it was one,
-is skipped, and the next one is taken. A camera not wanted for `FREE_AFTER_S` frees its buffers.
+frames still in flight, a live camera's frame is not kept (counted in `missed`): its best shot, if
+it was one, is skipped, and the next one is taken. A lossless file (`realtime: false`) has more
+frames in flight than buffers, and nothing to lose by waiting (its reader waits for the queue
+anyway): its reader waits, within the sink's timeout, for a buffer to come back, so every frame is
+kept. A camera not wanted for `FREE_AFTER_S` frees its buffers.
 
 Memory: `depth` frames per camera while objects are in view (3 x 6.2 MB at 1080p), none otherwise.
 
@@ -47,12 +50,17 @@ class _Slot:
 @dataclass
 class _Kept:
     slots: list[_Slot]
+    wait: bool = False  # a lossless camera: the reader waits for a free buffer
     lock: threading.Lock = field(default_factory=threading.Lock)
+    freed: threading.Condition = field(init=False)
     wanted: bool = False  # router thread writes, reader thread reads
     unwanted_since: float = 0.0  # reader thread only
     kept: int = 0
     missed: int = 0
     allocations: int = 0
+
+    def __post_init__(self) -> None:
+        self.freed = threading.Condition(self.lock)
 
 
 class FrameKeeper:
@@ -61,25 +69,26 @@ class FrameKeeper:
         self._clock = clock
         self._cameras: dict[str, _Kept] = {}
 
-    def add(self, camera: str) -> None:
+    def add(self, camera: str, wait: bool = False) -> None:
         if camera not in self._cameras:
-            self._cameras = {**self._cameras, camera: _Kept([_Slot() for _ in range(self.depth)])}
+            self._cameras = {**self._cameras, camera: _Kept([_Slot() for _ in range(self.depth)], wait)}
 
     def forget(self, camera: str) -> None:
         self._cameras = {name: kept for name, kept in self._cameras.items() if name != camera}
 
-    def tap(self, camera: str, sink: FrameSink) -> FrameSink:
-        """`sink` with the frame kept first when the camera is wanted."""
-        self.add(camera)
+    def tap(self, camera: str, sink: FrameSink, wait: bool = False) -> FrameSink:
+        """`sink` with the frame kept first when the camera is wanted; `wait` (lossless files):
+        for a free buffer, within the sink's timeout."""
+        self.add(camera, wait)
 
         def tapped(frame: Frame, timeout_s: float) -> bool:
-            self.offer(frame)
+            self.offer(frame, timeout_s)
             return sink(frame, timeout_s)
 
         return tapped
 
     # -- the reader's side -------------------------------------------------------------------
-    def offer(self, frame: Frame) -> None:
+    def offer(self, frame: Frame, timeout_s: float = 0.0) -> None:
         kept = self._cameras.get(frame.camera)
         if kept is None:
             return
@@ -90,6 +99,9 @@ class FrameKeeper:
         image = frame.image
         with kept.lock:
             slot = next((s for s in kept.slots if s.key is None), None)
+            if slot is None and kept.wait and timeout_s > 0:
+                kept.freed.wait_for(lambda: any(s.key is None for s in kept.slots), timeout_s)
+                slot = next((s for s in kept.slots if s.key is None), None)
             if slot is None:
                 kept.missed += 1
                 return
@@ -139,6 +151,7 @@ class FrameKeeper:
             for slot in kept.slots:
                 if slot.key is not None and slot.key[1] <= capture_mono:
                     slot.key = None
+            kept.freed.notify_all()
 
     def stats(self, camera: str) -> dict:
         kept = self._cameras.get(camera)
