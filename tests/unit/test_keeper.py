@@ -27,6 +27,7 @@ def test_frames_are_kept_only_while_wanted_into_buffers_allocated_once():
     taken: list[int] = []
     sink = keeper.tap("gate", lambda f, timeout: taken.append(f.seq) or True)
     pooled = np.zeros((4, 6, 3), np.uint8)  # the reader's buffer, overwritten by every read
+    keeper.want("gate", False)  # its first frames had nothing in view
     assert sink(frame(0, pooled), 1.0)
     assert keeper.find("gate", 0, 0.0) is None  # not wanted: nothing copied
     keeper.want("gate", True)

@@ -53,7 +53,9 @@ class _Kept:
     wait: bool = False  # a lossless camera: the reader waits for a free buffer
     lock: threading.Lock = field(default_factory=threading.Lock)
     freed: threading.Condition = field(init=False)
-    wanted: bool = False  # router thread writes, reader thread reads
+    #: router thread writes, reader thread reads; a camera starts wanted (objects may be in
+    #: view), its first frames' results say whether it stays so
+    wanted: bool = True
     unwanted_since: float = 0.0  # reader thread only
     kept: int = 0
     missed: int = 0
