@@ -150,8 +150,13 @@ def test_the_clip_gives_events_that_end_and_retained_counts_that_match_its_groun
         assert (nonzero(counts[line_topic]["in"]), nonzero(counts[line_topic]["out"])) == (inbound, outbound)
         assert nonzero(counts[zone_topic]["entered"]) == truth_entries()
         assert not nonzero(counts[zone_topic]["objects"])  # every event ended: nobody inside
-        cam = next(c for c in status(sock)["cameras"] if c["name"] == "gate")
+        full = status(sock)
+        cam = next(c for c in full["cameras"] if c["name"] == "gate")
         assert cam["lines"][0]["in"] == counts[line_topic]["in"] and cam["zones"][0]["name"] == "middle"
+        # every event has its best shot, from a full frame kept for it (none missed: a lossless
+        # file's reader waits for a buffer of the frame keeper)
+        assert full["events"]["cameras"]["gate"]["snapshots"] == len(new)
+        assert full["sinks"]["event_log"]["missed_shots"] == 0 and full["sinks"]["tracking"]["errors"] == 0
         before = counts[line_topic]["since"]
 
         result = ctl(sock, "reset-counts", "gate", "cut")
