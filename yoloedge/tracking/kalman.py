@@ -1,0 +1,91 @@
+"""The motion model: ByteTrack's constant-velocity Kalman filter on (x, y, a, h) -- box centre,
+aspect ratio w/h, height -- for many tracks at once, in frame time rather than frame counts.
+
+Upstream (ifzhang/ByteTrack, from DeepSORT) steps one frame at a time, with noise proportional to
+the box height: position std h/20 and velocity std h/160 per frame. Here velocities are per second
+and a step of `dt` seconds adds the noise of dt / REF_DT upstream steps, REF_DT being one frame of
+the 30 fps video ByteTrack was tuned on. So at 30 fps this is upstream's filter, and a camera at
+another rate, or one whose rate changes, predicts the same motion for the same seconds.
+
+All arrays are batched: mean (n, 8), covariance (n, 8, 8). Boxes in and out are x1 y1 x2 y2.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+REF_DT = 1.0 / 30.0
+_POS = 1.0 / 20.0   # upstream _std_weight_position
+_VEL = 1.0 / 160.0  # upstream _std_weight_velocity
+#: the smallest height and aspect ratio a prediction keeps, so a shrinking lost box never turns over
+_MIN_SIDE = 1e-3
+
+
+def xyxy_to_xyah(boxes: np.ndarray) -> np.ndarray:
+    boxes = np.asarray(boxes, np.float64)
+    w = boxes[:, 2] - boxes[:, 0]
+    h = np.maximum(boxes[:, 3] - boxes[:, 1], _MIN_SIDE)
+    return np.stack(((boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2, w / h, h), axis=1)
+
+
+def xyah_to_xyxy(mean: np.ndarray) -> np.ndarray:
+    h = np.maximum(mean[:, 3], _MIN_SIDE)
+    w = np.maximum(mean[:, 2], _MIN_SIDE) * h
+    x, y = mean[:, 0], mean[:, 1]
+    return np.stack((x - w / 2, y - h / 2, x + w / 2, y + h / 2), axis=1)
+
+
+def _stds(h: np.ndarray, position: float, aspect: float) -> np.ndarray:
+    """(n, 4) standard deviations for x, y, a, h: `position` x h for x, y, h; `aspect` for a."""
+    std = np.empty((len(h), 4))
+    std[:, 0] = std[:, 1] = std[:, 3] = position * h
+    std[:, 2] = aspect
+    return std
+
+
+def initiate(boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """New tracks at rest where the boxes are, uncertain about their velocity."""
+    z = xyxy_to_xyah(boxes)
+    n = len(z)
+    mean = np.zeros((n, 8))
+    mean[:, :4] = z
+    std = np.concatenate((_stds(z[:, 3], 2 * _POS, 1e-2), _stds(z[:, 3], 10 * _VEL / REF_DT, 1e-5 / REF_DT)),
+                         axis=1)
+    cov = np.zeros((n, 8, 8))
+    idx = np.arange(8)
+    cov[:, idx, idx] = std ** 2
+    return mean, cov
+
+
+def predict(mean: np.ndarray, cov: np.ndarray, dt: float) -> None:
+    """Step every track `dt` seconds ahead, in place."""
+    if len(mean) == 0 or dt <= 0:
+        return
+    h = mean[:, 3].copy()
+    mean[:, :4] += dt * mean[:, 4:]
+    a = cov[:, :4, :4]
+    b = cov[:, :4, 4:]
+    c = cov[:, 4:, 4:]
+    bt = cov[:, 4:, :4]
+    # F P F^T for F = [[I, dt I], [0, I]], block by block (in this order: `a` uses the old b and c)
+    a += dt * (b + bt) + dt * dt * c
+    b += dt * c
+    bt += dt * c
+    steps = dt / REF_DT
+    idx = np.arange(4)
+    cov[:, idx, idx] += steps * _stds(h, _POS, 1e-2) ** 2
+    cov[:, idx + 4, idx + 4] += steps * _stds(h, _VEL / REF_DT, 1e-5 / REF_DT) ** 2
+
+
+def update(mean: np.ndarray, cov: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The tracks corrected by one measured box each; returns new (mean, cov)."""
+    z = xyxy_to_xyah(boxes)
+    idx = np.arange(4)
+    s = cov[:, :4, :4].copy()
+    s[:, idx, idx] += _stds(mean[:, 3], _POS, 1e-1) ** 2
+    ph = cov[:, :, :4]                                        # P H^T, (n, 8, 4)
+    gain = np.linalg.solve(s, ph.transpose(0, 2, 1)).transpose(0, 2, 1)  # P H^T S^-1 (S symmetric)
+    innovation = z - mean[:, :4]
+    new_mean = mean + np.einsum("nij,nj->ni", gain, innovation)
+    new_cov = cov - np.einsum("nij,nkj->nik", gain, ph)     # P - K S K^T = P - K (P H^T)^T
+    return new_mean, new_cov
