@@ -3,9 +3,12 @@ aspect ratio w/h, height -- for many tracks at once, in frame time rather than f
 
 Upstream (ifzhang/ByteTrack, from DeepSORT) steps one frame at a time, with noise proportional to
 the box height: position std h/20 and velocity std h/160 per frame. Here velocities are per second
-and a step of `dt` seconds adds the noise of dt / REF_DT upstream steps, REF_DT being one frame of
-the 30 fps video ByteTrack was tuned on. So at 30 fps this is upstream's filter, and a camera at
-another rate, or one whose rate changes, predicts the same motion for the same seconds.
+and a step of `dt` seconds adds the noise of dt / REF_DT upstream steps. Upstream adds one step's
+noise per frame whatever the rate, so its filter changes with the frame rate; here it does not, and
+REF_DT says at which rate the two agree: 0.1 s, a camera sampled at 10 fps, as edge cameras
+typically are (`fps:`; the demo runs at 10). At 30 fps upstream's per-frame noise adds up to three
+times the variance a second; on the demo clip that follows the detections' jitter and loses a
+half-hidden object's track that 10 fps keeps (the README's Tracking section has the figures).
 
 All arrays are batched: mean (n, 8), covariance (n, 8, 8). Boxes in and out are x1 y1 x2 y2.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-REF_DT = 1.0 / 30.0
+REF_DT = 0.1
 _POS = 1.0 / 20.0   # upstream _std_weight_position
 _VEL = 1.0 / 160.0  # upstream _std_weight_velocity
 #: the smallest height and aspect ratio a prediction keeps, so a shrinking lost box never turns over

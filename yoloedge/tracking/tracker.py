@@ -115,6 +115,7 @@ class Tracker:
         self._cov = np.zeros((0, 8, 8))
         self._time: float | None = None
         self._size = (0, 0)
+        self._first_frame = True  # the first update after start or end_all
 
     @property
     def LOW_SCORE(self) -> float:  # noqa: N802 -- the seam's name
@@ -209,13 +210,15 @@ class Tracker:
                             det_of_track, boxes, scores)
         self._drop(keep)
         det_of_track = det_of_track[keep]
+        first = self._first_frame
+        self._first_frame = False
         for det in new.tolist():
             track = self._start(det, time, boxes, scores, class_ids, absorbed)
-            if self._confirm(track):
+            if self._confirm(track, first):
                 started.add(track.id or "")
         det_of_track = np.concatenate((det_of_track, new))
         alive = [i for i, t in enumerate(self._tracks) if t.id is not None]
-        tracks = self._views(alive, det_of_track, boxes, scores)
+        tracks = self._views(alive, self._shown(det_of_track, scores, class_ids, absorbed), boxes, scores)
         track_of_det = np.full(len(scores), -1, np.intp)
         track_of_det[det_of_track[det_of_track >= 0]] = np.flatnonzero(det_of_track >= 0)
         ids: list[str | None] = [self._tracks[i].id if i >= 0 else None for i in track_of_det.tolist()]
@@ -226,9 +229,27 @@ class Tracker:
         return TrackFrame(time, width, height, tuple(tracks), tuple(t for t in tracks if t.id in started),
                           tuple(ended), tuple(ids))
 
-    def _confirm(self, track: _Track) -> bool:
-        """Confirm a tentative track at its min_hits-th detection; whether it happened now."""
-        if track.state is not TrackState.TENTATIVE or track.hits < self.config.min_hits:
+    def _shown(self, det_of_track: np.ndarray, scores: np.ndarray, class_ids: np.ndarray,
+               absorbed: dict[int, list[int]]) -> np.ndarray:
+        """The detection each track shows: the one it was matched with, unless that one's class is
+        not the track's label and a duplicate it absorbed has it (the "car" detection of a car
+        track seen as a truck too; the strongest such duplicate)."""
+        if not absorbed:
+            return det_of_track
+        shown = det_of_track.copy()
+        for index, det in enumerate(det_of_track.tolist()):
+            label = self._tracks[index].label_id
+            if det in absorbed and class_ids[det] != label:
+                same = [d for d in absorbed[det] if class_ids[d] == label]
+                if same:
+                    shown[index] = max(same, key=lambda d: scores[d])
+        return shown
+
+    def _confirm(self, track: _Track, first_frame: bool = False) -> bool:
+        """Confirm a tentative track at its min_hits-th detection, or at once in the tracker's first
+        frame (upstream's rule: what is in view when a camera starts is not new); whether it
+        happened now."""
+        if track.state is not TrackState.TENTATIVE or (track.hits < self.config.min_hits and not first_frame):
             return False
         track.state, track.id = TrackState.TRACKED, self._ids.next()
         return True
@@ -295,6 +316,7 @@ class Tracker:
         self._tracks = []
         self._mean = np.zeros((0, 8))
         self._cov = np.zeros((0, 8, 8))
+        self._first_frame = True
         width, height = self._size
         return TrackFrame(time, width, height, (), (), ended, ())
 
