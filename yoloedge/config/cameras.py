@@ -24,6 +24,7 @@ from ..model.labels import MAX_CLASSES
 from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Choice, Context, Integer, Number, Reader, Text, did_you_mean,
                      range_order_ok, read_fields, read_string_list, report_duplicate_names, sequence_or_report)
 from .schema import AcceleratorConfig, CameraConfig
+from .tracking import read_camera_tracking
 from .yamltree import Item
 
 NETWORK_SCHEMES = ("rtsp", "rtsps", "http", "https")
@@ -173,6 +174,7 @@ CAMERA_FIELDS: dict[str, Reader] = {
     "jpeg_decoder": read_jpeg_decoder,
     "publish_empty": Boolean(),
     "accelerator": Text(optional=True, max_bytes=MAX_NAME_BYTES),
+    "tracking": read_camera_tracking,  # merged over the top level's by config.tracking
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..tracking.types import TrackingConfig
 from .catalogue import BACKEND_NAMES
 from .model import ModelConfig, OnnxRuntimeConfig
 
@@ -74,6 +75,8 @@ class CameraConfig:
     jpeg_decoder: str = "auto"
     publish_empty: bool = True  # publish frames with no detections
     accelerator: str | None = None  # accelerator name; None: the first
+    #: the top-level `tracking:` with this camera's own `tracking:` keys over it (config.tracking)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,8 @@ class Config:
     control: ControlConfig = field(default_factory=ControlConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    #: tracking defaults for every camera (each CameraConfig.tracking has them merged in)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     shutdown_timeout_s: float = 10.0
     #: the file this was loaded from (for status and reload)
     source: str = ""
