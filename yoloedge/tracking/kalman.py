@@ -38,11 +38,16 @@ def xyah_to_xyxy(mean: np.ndarray) -> np.ndarray:
     return np.stack((x - w / 2, y - h / 2, x + w / 2, y + h / 2), axis=1)
 
 
-def _stds(h: np.ndarray, position: float, aspect: float) -> np.ndarray:
-    """(n, 4) standard deviations for x, y, a, h: `position` x h for x, y, h; `aspect` for a."""
-    std = np.empty((len(h), 4))
-    std[:, 0] = std[:, 1] = std[:, 3] = position * h
+def _diagonal(cov: np.ndarray) -> np.ndarray:
+    """A writable (n, 8) view of the diagonals of a C-contiguous (n, 8, 8) covariance."""
+    return cov.reshape(len(cov), 64)[:, ::9]
+
+
+def _stds(h: np.ndarray, position: float, aspect: float, velocity: float, velocity_aspect: float) -> np.ndarray:
+    """(n, 8) standard deviations: `position` x h for x, y, h; `aspect` for a; likewise the velocities."""
+    std = h[:, None] * np.array([position, position, 0.0, position, velocity, velocity, 0.0, velocity])
     std[:, 2] = aspect
+    std[:, 6] = velocity_aspect
     return std
 
 
@@ -52,11 +57,8 @@ def initiate(boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = len(z)
     mean = np.zeros((n, 8))
     mean[:, :4] = z
-    std = np.concatenate((_stds(z[:, 3], 2 * _POS, 1e-2), _stds(z[:, 3], 10 * _VEL / REF_DT, 1e-5 / REF_DT)),
-                         axis=1)
     cov = np.zeros((n, 8, 8))
-    idx = np.arange(8)
-    cov[:, idx, idx] = std ** 2
+    _diagonal(cov)[:] = _stds(z[:, 3], 2 * _POS, 1e-2, 10 * _VEL / REF_DT, 1e-5 / REF_DT) ** 2
     return mean, cov
 
 
@@ -64,28 +66,20 @@ def predict(mean: np.ndarray, cov: np.ndarray, dt: float) -> None:
     """Step every track `dt` seconds ahead, in place."""
     if len(mean) == 0 or dt <= 0:
         return
-    h = mean[:, 3].copy()
-    mean[:, :4] += dt * mean[:, 4:]
-    a = cov[:, :4, :4]
-    b = cov[:, :4, 4:]
-    c = cov[:, 4:, 4:]
-    bt = cov[:, 4:, :4]
-    # F P F^T for F = [[I, dt I], [0, I]], block by block (in this order: `a` uses the old b and c)
-    a += dt * (b + bt) + dt * dt * c
-    b += dt * c
-    bt += dt * c
     steps = dt / REF_DT
-    idx = np.arange(4)
-    cov[:, idx, idx] += steps * _stds(h, _POS, 1e-2) ** 2
-    cov[:, idx + 4, idx + 4] += steps * _stds(h, _VEL / REF_DT, 1e-5 / REF_DT) ** 2
+    noise = steps * _stds(mean[:, 3], _POS, 1e-2, _VEL / REF_DT, 1e-5 / REF_DT) ** 2  # from the old h
+    mean[:, :4] += dt * mean[:, 4:]
+    motion = np.eye(8)
+    motion[:4, 4:] = dt * np.eye(4)
+    cov[:] = motion @ cov @ motion.T
+    _diagonal(cov)[:] += noise
 
 
 def update(mean: np.ndarray, cov: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The tracks corrected by one measured box each; returns new (mean, cov)."""
     z = xyxy_to_xyah(boxes)
-    idx = np.arange(4)
     s = cov[:, :4, :4].copy()
-    s[:, idx, idx] += _stds(mean[:, 3], _POS, 1e-1) ** 2
+    s.reshape(len(s), 16)[:, ::5] += (_stds(mean[:, 3], _POS, 1e-1, 0.0, 0.0)[:, :4]) ** 2
     ph = cov[:, :, :4]                                        # P H^T, (n, 8, 4)
     gain = np.linalg.solve(s, ph.transpose(0, 2, 1)).transpose(0, 2, 1)  # P H^T S^-1 (S symmetric)
     innovation = z - mean[:, :4]

@@ -73,12 +73,9 @@ class _Track:
 
 def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """IoU of every box in a (n, 4) with every box in b (m, 4), x1 y1 x2 y2; 0 for empty unions."""
-    iw = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
-    ih = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
-    inter = np.maximum(iw, 0) * np.maximum(ih, 0)
-    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
-    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    union = area_a[:, None] + area_b[None, :] - inter
+    sides = np.minimum(a[:, None, 2:], b[None, :, 2:]) - np.maximum(a[:, None, :2], b[None, :, :2])
+    inter = np.maximum(sides, 0).prod(axis=2)
+    union = (a[:, 2:] - a[:, :2]).prod(axis=1)[:, None] + (b[:, 2:] - b[:, :2]).prod(axis=1)[None, :] - inter
     return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
 
 
@@ -147,20 +144,20 @@ class Tracker:
         low = np.flatnonzero(primary & (scores < cfg.high_score))
 
         det_of_track = np.full(len(self._tracks), -1, np.intp)
-        predicted = kalman.xyah_to_xyxy(self._mean)
+        overlap = iou_matrix(kalman.xyah_to_xyxy(self._mean), boxes)  # every track x every detection
         states = [t.state for t in self._tracks]
         confirmed = np.array([s is not TrackState.TENTATIVE for s in states], bool)
         was_tracked = np.array([s is TrackState.TRACKED for s in states], bool)
 
         # 3. high-score detections, confirmed tracks (tracked and lost)
         pool = np.flatnonzero(confirmed)
-        high = self._associate(pool, high, predicted, boxes, scores, cfg.match_thresh, True, det_of_track)
+        high = self._associate(pool, high, overlap, scores, cfg.match_thresh, True, det_of_track)
         # 4. low-score detections, confirmed tracks matched last frame and not in step 3
         pool = np.flatnonzero(was_tracked & (det_of_track < 0))
-        self._associate(pool, low, predicted, boxes, scores, 1.0 - SECOND_MATCH_IOU, False, det_of_track)
+        self._associate(pool, low, overlap, scores, 1.0 - SECOND_MATCH_IOU, False, det_of_track)
         # 5. the high-score detections left, tentative tracks
         pool = np.flatnonzero(~confirmed)
-        high = self._associate(pool, high, predicted, boxes, scores, TENTATIVE_MATCH_COST, True, det_of_track)
+        high = self._associate(pool, high, overlap, scores, TENTATIVE_MATCH_COST, True, det_of_track)
         new = high[scores[high] >= cfg.high_score + NEW_TRACK_MARGIN]
         return self._finish(time, boxes, scores, class_ids, owners, det_of_track, new)
 
@@ -172,13 +169,13 @@ class Tracker:
         self._time = time if self._time is None else max(self._time, time)
 
     @staticmethod
-    def _associate(pool: np.ndarray, candidates: np.ndarray, predicted: np.ndarray, boxes: np.ndarray,
-                   scores: np.ndarray, thresh: float, fuse: bool, det_of_track: np.ndarray) -> np.ndarray:
+    def _associate(pool: np.ndarray, candidates: np.ndarray, overlap: np.ndarray, scores: np.ndarray,
+                   thresh: float, fuse: bool, det_of_track: np.ndarray) -> np.ndarray:
         """Match tracks `pool` to detections `candidates` (writing det_of_track); returns the
-        candidates left unmatched."""
+        candidates left unmatched. `overlap`: IoU of every predicted track with every detection."""
         if len(pool) == 0 or len(candidates) == 0:
             return candidates
-        similarity = iou_matrix(predicted[pool], boxes[candidates])
+        similarity = overlap[np.ix_(pool, candidates)]
         if fuse:
             similarity *= scores[candidates][None, :]
         rows, cols = match(1.0 - similarity, thresh)
@@ -198,12 +195,12 @@ class Tracker:
         absorbed = _absorbed_by(owners)
         started: set[str] = set()
         keep = np.ones(len(self._tracks), bool)
-        for index, track in enumerate(self._tracks):
-            det = int(det_of_track[index])
+        score_list, class_list = scores.tolist(), class_ids.tolist()
+        for index, (track, det) in enumerate(zip(self._tracks, det_of_track.tolist())):
             if det < 0:
                 keep[index] = self._unmatched(track, time)
             else:
-                self._matched(track, det, time, scores, class_ids, absorbed)
+                self._matched(track, det, time, score_list, class_list, absorbed)
                 if self._confirm(track):
                     started.add(track.id or "")
         ended = self._views([i for i in np.flatnonzero(~keep).tolist() if self._tracks[i].id is not None],
@@ -254,15 +251,17 @@ class Tracker:
         track.state, track.id = TrackState.TRACKED, self._ids.next()
         return True
 
-    def _matched(self, track: _Track, det: int, time: float, scores: np.ndarray, class_ids: np.ndarray,
+    @staticmethod
+    def _matched(track: _Track, det: int, time: float, scores: list[float], class_ids: list[int],
                  absorbed: dict[int, list[int]]) -> None:
         track.hits += 1
         track.last_time = time
-        track.top_score = max(track.top_score, float(scores[det]))
+        track.top_score = max(track.top_score, scores[det])
         if track.state is TrackState.LOST:
             track.state = TrackState.TRACKED
-        for d in (det, *absorbed.get(det, ())):
-            track.vote(int(class_ids[d]), float(scores[d]))
+        track.vote(class_ids[det], scores[det])
+        for d in absorbed.get(det, ()):
+            track.vote(class_ids[d], scores[d])
 
     def _unmatched(self, track: _Track, time: float) -> bool:
         """Whether the track lives on after a frame without a match."""
@@ -298,9 +297,10 @@ class Tracker:
         if not indices:
             return []
         dets = det_of_track[indices]
-        shown = kalman.xyah_to_xyxy(self._mean[indices])
         hit = dets >= 0
-        shown[hit] = boxes[dets[hit]]
+        shown = boxes[np.maximum(dets, 0)] if len(boxes) else np.zeros((len(dets), 4))
+        if not hit.all():
+            shown[~hit] = kalman.xyah_to_xyxy(self._mean[np.asarray(indices)[~hit]])
         score = np.where(hit, scores[np.maximum(dets, 0)] if len(scores) else 0.0, 0.0)
         views = []
         for index, box, value, det in zip(indices, shown.tolist(), score.tolist(), dets.tolist()):
