@@ -4,7 +4,9 @@ Each `update(dets, time)`:
 
 1. Duplicates: a box overlapping a stronger box of another class by IoU >= DUPLICATE_IOU is the
    same object seen twice (class-wise NMS keeps both); it is absorbed by the stronger one: it
-   votes for that one's label, starts nothing, and its det_track_ids entry is that track's.
+   votes for that one's label and starts nothing. Only the detection a track shows carries the
+   track's id in det_track_ids (the one of the track's label): the duplicate's entry is None, so
+   one object is one tracked box in the published detections.
 2. Every track is predicted to `time` by the Kalman filter (kalman.py).
 3. First association: detections scoring >= high_score against the confirmed tracks, matched or
    lost, at cost 1 - IoU x score <= match_thresh (ByteTrack's fused score).
@@ -216,12 +218,10 @@ class Tracker:
         det_of_track = np.concatenate((det_of_track, new))
         alive = [i for i, t in enumerate(self._tracks) if t.id is not None]
         tracks = self._views(alive, self._shown(det_of_track, scores, class_ids, absorbed), boxes, scores)
-        track_of_det = np.full(len(scores), -1, np.intp)
-        track_of_det[det_of_track[det_of_track >= 0]] = np.flatnonzero(det_of_track >= 0)
-        ids: list[str | None] = [self._tracks[i].id if i >= 0 else None for i in track_of_det.tolist()]
-        for det, owner in enumerate(owners.tolist()):
-            if owner >= 0:
-                ids[det] = ids[owner]
+        ids: list[str | None] = [None] * len(scores)
+        for track_view in tracks:  # one detection per track: the one it shows (a duplicate stays None)
+            if track_view.detection >= 0:
+                ids[track_view.detection] = track_view.id
         width, height = self._size
         return TrackFrame(time, width, height, tuple(tracks), tuple(t for t in tracks if t.id in started),
                           tuple(ended), tuple(ids))

@@ -63,4 +63,5 @@ class TrackFrame:
     started: tuple[Track, ...]           # confirmed in this frame (also in `tracks`)
     ended: tuple[Track, ...]             # ended in this frame (lost for lost_s, or end_all)
     det_track_ids: tuple[str | None, ...]  # per detection given to update(): its confirmed
-    #                                      track's id, None when unconfirmed/unmatched
+    #                                      track's id, None when unconfirmed/unmatched, or a
+    #                                      duplicate under another label (one box per track)
