@@ -3,6 +3,10 @@
 # reinstalls only when pyproject.toml changed. As root, apt-installs missing system programs.
 
 VENV="${YOLOEDGE_VENV:-$PWD/.venv}"
+# The reference ByteTrack the tracking tests compare with (later releases moved it out). Installed
+# with --no-deps: its requirements name opencv-python, whose cv2 would overwrite the headless one;
+# what its import needs comes with the dev extra (pyproject.toml).
+REFERENCE_TRACKER="supervision==0.26.1"
 
 # Debian packages the tests and the demo need (broker, RTSP server, systemd container tooling).
 SYSTEM_PACKAGES=(
@@ -48,6 +52,9 @@ ensure_venv() {
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "installing yoloedge${extras:+[$extras]} into $VENV" >&2
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}" >&2
+    if [[ ",$extras," == *",dev,"* ]]; then
+      "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$REFERENCE_TRACKER" >&2
+    fi
     touch "$stamp"
   fi
 }

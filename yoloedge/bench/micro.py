@@ -184,3 +184,39 @@ def bench_event_shot(frame: np.ndarray, repeat: int) -> list[Timing]:
     row = measure("copy + draw + JPEG encode (EventLog.best_shot)", shot, repeat)
     size = len(log.snapshot("bench-1") or b"")
     return [Timing(row.name, row.median_ms, row.p90_ms, f"{size / 1e3:.0f} kB per shot")]
+# -- tracking ----------------------------------------------------------------------------------
+def bench_tracking(repeat: int, objects: int = 20) -> list[Timing]:
+    """One Tracker.update per frame on `objects` moving boxes (plus a few low-score candidates that
+    match nothing), in the steady state: every track confirmed and matched, moving a little each
+    frame at 10 fps."""
+    from ..postprocess import Detections
+    from ..tracking import Tracker, TrackIds, TrackingConfig
+
+    rng = np.random.default_rng(0)
+    start = rng.uniform(0, 1700, (objects, 2))
+    velocity = rng.uniform(-40, 40, (objects, 2))  # px/s
+    size = rng.uniform(40, 160, (objects, 2))
+
+    def frame(t: float) -> Detections:
+        xy = start + velocity * t + rng.normal(0, 1.0, (objects, 2))
+        boxes = np.concatenate((xy, xy + size), axis=1)
+        ghosts = boxes[: objects // 4] + 300
+        scores = np.concatenate((rng.uniform(0.5, 0.95, objects), rng.uniform(0.1, 0.2, len(ghosts))))
+        order = np.argsort(-scores)
+        return Detections(np.concatenate((boxes, ghosts))[order].astype(np.float32), scores[order].astype(np.float32),
+                          (np.arange(len(scores)) % 5)[order].astype(np.int32), 1920, 1080)
+
+    total = 5 + max(3, repeat // 10) + repeat
+    frames = [(frame(k / 10), k / 10) for k in range(total + 1)]
+    tracker = Tracker(TrackingConfig(), [f"class{i}" for i in range(80)], ids=TrackIds(prefix="bench"))
+    feed = iter(frames)
+    for _ in range(5):
+        tracker.update(*next(feed))
+    last = {"tracks": 0}
+
+    def step() -> None:
+        last["tracks"] = len(tracker.update(*next(feed)).tracks)
+
+    row = measure(f"yoloedge Tracker.update, {objects} objects", step, repeat)
+    row.note = f"{last['tracks']} tracks"
+    return [row]

@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
                             description="Times the letterbox into the model's input buffer against plain "
                                         "OpenCV resize+pad+transpose and cv2.dnn.blobFromImage, and the v8 "
                                         "decode + NMS on the model's real output against NumPy + "
-                                        "cv2.dnn.NMSBoxesBatched and (when installed) torchvision. Medians "
+                                        "cv2.dnn.NMSBoxesBatched and (when installed) torchvision, and the "
+                                        "tracker's update for a frame of 20 objects. Medians "
                                         "and 90th percentiles in ms over --repeat runs after a warm-up.")
     micro.add_argument("--model", required=True,
                        help="a v8-layout ONNX model at 640 (its real output feeds the decode benchmark)")
@@ -74,7 +75,7 @@ def _complain(exc: Exception) -> int:
 
 
 def run_micro(args: argparse.Namespace) -> int:
-    from ..bench.micro import bench_decode_nms, bench_event_shot, bench_letterbox, format_table
+    from ..bench.micro import bench_decode_nms, bench_event_shot, bench_letterbox, bench_tracking, format_table
     from ..config import ModelConfig
     from ..detector import open_detector
 
@@ -97,6 +98,8 @@ def run_micro(args: argparse.Namespace) -> int:
     print(format_table("an event's best shot, at most once a second per event",
                        bench_event_shot(frame, max(10, args.repeat // 10))))
     det.close()
+    print(format_table("tracking per frame (ByteTrack; 20 moving objects, 5 low-score candidates)",
+                       bench_tracking(args.repeat)))
     return 0
 
 

@@ -24,6 +24,7 @@ from ..model.labels import MAX_CLASSES
 from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Choice, Context, Integer, Number, Reader, Text, did_you_mean,
                      range_order_ok, read_fields, read_string_list, report_duplicate_names, sequence_or_report)
 from .schema import AcceleratorConfig, CameraConfig
+from .tracking import read_camera_tracking
 from .yamltree import Item
 from .zones import objects_in_classes_ok, read_lines, read_publish, read_zones, zone_names_ok
 
@@ -180,6 +181,7 @@ CAMERA_FIELDS: dict[str, Reader] = {
     "lines": read_lines,
     "publish": read_publish,
     "event_snapshots_mb": Number(ge=0, le=MAX_EVENT_SNAPSHOTS_MB, example=16),
+    "tracking": read_camera_tracking,  # merged over the top level's by config.tracking
 }
 
 

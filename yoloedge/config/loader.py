@@ -38,8 +38,11 @@ from .fields import (INVALID, MAX_NAME_BYTES, MAX_TEXT_BYTES, Boolean, Choice, C
                      sequence_or_report, show, topic_safe)
 from .http import read_http
 from .model import ModelConfig
+from ..tracking.types import TrackingConfig
 from .schema import Config, ControlConfig, HealthConfig, HomeAssistantConfig, LoggingConfig, MqttConfig, TlsConfig
 from .tls import TlsMaterialError, client_context
+from .tracking import merge_cameras as merge_camera_tracking
+from .tracking import read_tracking
 from .yamltree import Item, parse_tree
 from .zones import check_camera_objects
 
@@ -136,6 +139,7 @@ def build_config(ctx: Context, root: Item | None, source: str) -> Config | None:
         "control": read_control,
         "logging": read_logging,
         "http": read_http,
+        "tracking": read_tracking,
         "shutdown_timeout_s": Number(gt=0, le=MAX_WAIT_S, example=10),
     }, required=TOP_REQUIRED)
     if values is None:
@@ -148,7 +152,10 @@ def build_config(ctx: Context, root: Item | None, source: str) -> Config | None:
         check_camera_objects(ctx, root.value["cameras"], values["model"])
     if "accelerators" in root.value and accelerators_ok and "model" in values:
         check_model_file_kind(ctx, root.value["accelerators"], values["accelerators"], values["model"].path)
-    if any(key not in values for key in TOP_REQUIRED):
+    if values.get("cameras") and ("tracking" in values or "tracking" not in root.value):
+        values["cameras"] = merge_camera_tracking(ctx, root.value["cameras"], values["cameras"],
+                                                  values.get("tracking", TrackingConfig()))
+    if any(key not in values for key in TOP_REQUIRED) or values.get("cameras") is INVALID:
         return None
     return Config(source=source, **values)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..events.types import LineConfig, PublishMode, ZoneConfig
+from ..tracking.types import TrackingConfig
 from .catalogue import BACKEND_NAMES
 from .model import ModelConfig, OnnxRuntimeConfig
 
@@ -80,6 +81,8 @@ class CameraConfig:
     publish: PublishMode = PublishMode.BOTH  # per-frame detections, events (and counts), or both
     #: MiB of event best shots (JPEGs) kept for the camera; the oldest events' go first. 0: none.
     event_snapshots_mb: float = 16.0
+    #: the top-level `tracking:` with this camera's own `tracking:` keys over it (config.tracking)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,8 @@ class Config:
     control: ControlConfig = field(default_factory=ControlConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    #: tracking defaults for every camera (each CameraConfig.tracking has them merged in)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     shutdown_timeout_s: float = 10.0
     #: the file this was loaded from (for status and reload)
     source: str = ""

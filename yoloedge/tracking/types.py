@@ -1,23 +1,51 @@
-"""The tracker's frozen types: the seam between tracking, events and the result router."""
+"""What the tracker is configured with and what it hands on: the seam between tracking, events and
+the result router. Frozen dataclasses only (no numpy here: the config loader imports this module).
+
+Times are Unix seconds (float) of the *frames*: capture time for live cameras, wall clock at open
+plus media position for files. The tracker never reads a clock of its own, so a file played faster
+than real time gives the same tracks as when it plays at its rate.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: ByteTrack's fixed rules, kept as they are upstream (ifzhang/ByteTrack, byte_tracker.py), not keys:
+#: a new track needs a score this far above `high_score` (upstream det_thresh = track_thresh + 0.1);
+NEW_TRACK_MARGIN = 0.1
+#: the second association (low-score detections to tracks the first left unmatched) needs IoU >= 0.5;
+SECOND_MATCH_IOU = 0.5
+#: tentative tracks take the high-score detections left over at cost 1 - IoU x score <= 0.7.
+TENTATIVE_MATCH_COST = 0.7
+#: not upstream: two boxes of different classes overlapping at least this much in one frame are one
+#: object detected twice (class-wise NMS keeps both); the weaker one is absorbed by the stronger.
+DUPLICATE_IOU = 0.7
+
 
 @dataclass(frozen=True)
 class TrackingConfig:
+    """One camera's tracking (`tracking:` at the top level, overridden key by key per camera)."""
+
     enabled: bool = True
-    min_hits: int = 3        # detections before a track is confirmed
-    lost_s: float = 2.0      # a confirmed track not matched for this long ends
+    min_hits: int = 3        # detections (in a row) before a track is confirmed
+    lost_s: float = 2.0      # a confirmed track not matched for this long (frame time) ends
+    #: detections at least this confident are matched first, and may start tracks (ByteTrack's
+    #: track_thresh; 0.25 as in supervision and Ultralytics, see the README for why not 0.5).
+    high_score: float = 0.25
+    #: the lowest score used: detections from here up to `high_score` only keep existing tracks
+    #: alive (ByteTrack's second association; 0.1 upstream).
+    low_score: float = 0.1
+    #: first association: a high-score detection matches a track at cost 1 - IoU x score at most
+    #: this (ByteTrack's match_thresh, 0.8 upstream).
+    match_thresh: float = 0.8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Track:
-    id: str                  # unique across restarts (e.g. "<start unix s base36>-<counter>")
-    label_id: int            # the model's class id, decided by score-weighted vote
+    id: str                  # unique across restarts and cameras ("<start base36>-<counter>")
+    label_id: int            # the model's class id, decided by a score-weighted vote
     box: tuple[float, float, float, float]  # x1 y1 x2 y2 source px: the matched detection's box
-    # this frame, or the motion model's prediction while not matched
+    #                          this frame, or the motion model's prediction while not matched
     score: float             # the matched detection's score this frame; 0.0 when not matched
     top_score: float         # the best score so far
     start_time: float        # frame time of its first detection
@@ -26,7 +54,7 @@ class Track:
     detection: int           # index of that detection in the Detections given to update(); -1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TrackFrame:
     time: float                          # the frame time given to update()
     width: int                           # the frame's size (from Detections)
@@ -35,4 +63,5 @@ class TrackFrame:
     started: tuple[Track, ...]           # confirmed in this frame (also in `tracks`)
     ended: tuple[Track, ...]             # ended in this frame (lost for lost_s, or end_all)
     det_track_ids: tuple[str | None, ...]  # per detection given to update(): its confirmed
-    # track's id, None when unconfirmed/unmatched
+    #                                      track's id, None when unconfirmed/unmatched, or a
+    #                                      duplicate under another label (one box per track)
