@@ -88,7 +88,8 @@ def check_message_schema(msg: dict, camera: str, width: int, height: int) -> Non
     assert TS_PATTERN.match(msg["ts"]), msg["ts"]
     assert isinstance(msg["frame"], int) and msg["latency_ms"] >= 0
     for det in msg["detections"]:
-        assert set(det) == {"label", "class_id", "score", "box"}
+        assert set(det) == {"label", "class_id", "score", "box", "track_id"}  # tracking is on by default
+        assert det["track_id"] is None or isinstance(det["track_id"], str)
         x1, y1, x2, y2 = det["box"]
         assert 0 <= x1 <= x2 <= width and 0 <= y1 <= y2 <= height
         assert 0 < det["score"] <= 1
@@ -134,7 +135,8 @@ def test_two_cameras_end_to_end_then_clean_stop(tmp_path, models, media, referen
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0, cli.stderr
     for (index, _), line in zip(picked.items(), cli.stdout.splitlines()):
-        assert json.loads(line)["detections"] == door[index][0]["detections"]
+        published = [{k: v for k, v in d.items() if k != "track_id"} for d in door[index][0]["detections"]]
+        assert json.loads(line)["detections"] == published  # the same detections; images have no tracks
 
     # Retained status and camera states; yoloedge-ctl sees both cameras.
     assert subscriber.payloads(topic("status"))[-1]["state"] == "online"
