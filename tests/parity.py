@@ -87,6 +87,12 @@ def mismatches(ours: list[dict], reference: list[dict], tolerance: Tolerance = S
     return compare_detections(ours, reference, tolerance).problems()
 
 
+def without_track_ids(dets: list[dict]) -> list[dict]:
+    """A published message's detections without their `track_id` (tracking is on by default;
+    detect and the references know nothing of tracks)."""
+    return [{key: value for key, value in det.items() if key != "track_id"} for det in dets]
+
+
 def box_array(dets) -> np.ndarray:
     return np.array([d["box"] for d in dets], np.float32).reshape(-1, 4)
 
