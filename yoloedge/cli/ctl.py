@@ -46,7 +46,14 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
                   "decoder": str (video: opencv, gstreamer, jetson, vaapi or nvidia; `auto` once resolved),
                   "last_frame_age_s": float | null,
                   "latency_p50_ms": float | null, "latency_p99_ms": float | null,
-                  "error": str | null}],
+                  "error": str | null,
+                  "zones": [{"name": str, "polygon": [[x, y]] (fractions of the frame),
+                             "objects": {label: n} (inside now), "entered": {label: n}}],
+                  "lines": [{"name": str, "points": [[Ax, Ay], [Bx, By]], "in": {label: n},
+                             "out": {label: n}}]}],
+     "sinks": {name: {"errors": int, "last_error": str | null, ...}} (each result sink and
+              stage: mqtt_detections, mqtt_events, event_log, homeassistant, mqtt_state, watch,
+              snapshots, metrics, tracking; one that fails does not stop the others),
      "mqtt": {"connected": bool, "broker": str ("host:port"), "queued": int, "queued_bytes": int,
               "spooled": int | null (messages in mqtt.spool_dir; null without a spool),
               "delivered": int, "dropped": int, "ack_stalled": bool (connected, but nothing
