@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from broker import Subscriber
+from broker import Subscriber, free_port
 from daemon_harness import Daemon, ctl, status, write_config
+from test_http import scrape
 from yoloedge.demo import LABELS, MODEL, TRUTH, clip_path
 
 PREFIX, DEVICE = "yt", "edge-ev"
@@ -22,6 +23,7 @@ LINE = ((0.0, 0.4), (1.0, 0.4))
 #: a square in the middle of the frame
 ZONE = ((0.25, 0.25), (0.75, 0.25), (0.75, 0.75), (0.25, 0.75))
 INERTIA = 3
+HTTP_PORTS: dict[str, int] = {}  # per test directory: a reload keeps its endpoint where it is
 
 
 def topic(*parts: str) -> str:
@@ -100,6 +102,7 @@ def demo_config(tmp_path: Path, broker, camera: dict) -> dict:
         "mqtt": {"host": broker.host, "port": broker.port, "topic_prefix": PREFIX, "stats_interval_s": 60},
         "health": {"stall_timeout_s": 5},
         "control": {"socket": str(tmp_path / "run" / "control.sock")},
+        "http": {"listen": f"127.0.0.1:{HTTP_PORTS.setdefault(str(tmp_path), free_port())}"},
         "shutdown_timeout_s": 10,
     }
 
@@ -157,6 +160,12 @@ def test_the_clip_gives_events_that_end_and_retained_counts_that_match_its_groun
         # file's reader waits for a buffer of the frame keeper)
         assert full["events"]["cameras"]["gate"]["snapshots"] == len(new)
         assert full["sinks"]["event_log"]["missed_shots"] == 0 and full["sinks"]["tracking"]["errors"] == 0
+        metrics = scrape(HTTP_PORTS[str(tmp_path)])
+        exported = {(s.labels["direction"], s.labels["label"]): s.value
+                    for s in metrics["yoloedge_line_crossings_total"] if s.value}
+        assert exported == {**{("in", label): n for label, n in inbound.items()},
+                            **{("out", label): n for label, n in outbound.items()}}
+        assert not any(s.value for s in metrics["yoloedge_zone_objects"])
         before = counts[line_topic]["since"]
 
         result = ctl(sock, "reset-counts", "gate", "cut")

@@ -407,9 +407,9 @@ class Daemon:
         self._removed.append(runtime)
         if dropped:
             log.info("camera %s removed with %d queued frame(s) discarded", name, dropped, extra={"camera": name})
+        self.keeper.forget(name)  # the frames it held for best shots (a restart makes it again)
         if clear_state:  # its events end; its retained state and Home Assistant entities go
             self.tracking.remove(name)
-            self.keeper.forget(name)
             self.events.forget_camera(name)
             self.results.camera_removed(name)
 
