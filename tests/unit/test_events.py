@@ -200,6 +200,55 @@ def test_a_crossing_while_occluded_counts_when_seen_again():
     assert ends[0]["crossings"] == [{"line": "gate", "direction": "in", "time": 0.8}]
 
 
+def test_a_slow_crossing_still_inside_the_band_when_the_track_ends_counts_once():
+    # band 4 px = 0.004 of the width: the anchor ends 2 px past the line (a slow object, or the
+    # clip ended); the side it ended on decides
+    ev = events(lines=[VERTICAL])
+    scene = Scene()
+    batches = run(ev, scene, walk([0.40, 0.45, 0.49, 0.499, 0.501, 0.502]))
+    batches.append(ev.update(scene.frame(5.0, {})))
+    assert crossings(batches) == ["in"]
+    assert ev.counts.line_payload("gate")["in"] == {"person": 1}
+
+
+def test_jitter_on_the_line_when_the_track_ends_counts_at_most_once():
+    ev = events(lines=[VERTICAL])
+    scene = Scene()
+    xs = [0.40, 0.45, 0.48] + [0.5 + (0.003 if i % 2 else -0.003) for i in range(20)]  # ends right of it
+    batches = run(ev, scene, walk(xs))
+    batches.append(ev.end_all(scene.end_all(5.0)))
+    assert crossings(batches) == ["in"]
+
+
+def test_a_track_first_seen_on_the_line_counts_when_it_leaves_on_the_other_side():
+    ev = events(lines=[VERTICAL])
+    scene = Scene()
+    batches = run(ev, scene, walk([0.499, 0.501, 0.52, 0.6]))  # first seen 1 px left of the line
+    batches.append(ev.update(scene.frame(5.0, {})))
+    assert crossings(batches) == ["in"]
+
+
+def test_a_track_whose_label_changes_is_counted_under_its_new_label():
+    # the tracker's vote: first "person", then (from the third frame on) "car"
+    from dataclasses import replace
+    ev = events(lines=[VERTICAL], zones=[ZoneConfig("yard", ((0.2, 0.2), (0.8, 0.2), (0.8, 0.8), (0.2, 0.8)),
+                                                    inertia=1)])
+    scene = Scene()
+    frames = [scene.frame(t, tracks) for t, tracks in walk([0.4, 0.45, 0.55, 0.6, 0.65])]
+    for frame in frames[:2]:
+        ev.update(frame)
+    assert ev.counts.line_payload("gate")["in"] == {}  # not crossed yet
+    ev.update(frames[2])  # crossed as a person
+    assert ev.counts.line_payload("gate")["in"] == {"person": 1}
+    for frame in frames[3:]:
+        relabelled = tuple(replace(t, label_id=CAR) for t in frame.tracks)
+        ev.update(replace(frame, tracks=relabelled))
+    assert ev.counts.line_payload("gate")["in"] == {"person": 0, "car": 1}
+    assert ev.counts.zone_payload("yard")["entered"] == {"person": 0, "car": 1}
+    end = ev.update(scene.frame(5.0, {})).messages[-1]
+    assert end["type"] == "end" and end["label"] == "car" and end["crossings"][0]["direction"] == "in"
+
+
 def test_line_objects_filter():
     ev = events(lines=[LineConfig("gate", ((0.5, 0.0), (0.5, 1.0)), objects=("car",))])
     scene = Scene()

@@ -33,7 +33,7 @@ from ..tracking.types import Track, TrackFrame
 from .counts import CountsState
 from .geometry import anchor_points, points_in_polygon
 from .lines import Line, LineTrack
-from .types import BestShot, CountKind, CountsMessage, EventBatch, EventType, LineConfig, ZoneConfig
+from .types import BestShot, CountKind, CountsMessage, Direction, EventBatch, EventType, LineConfig, ZoneConfig
 from .zones import Zone, ZoneChange, ZoneTrack
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,9 @@ class _Event:
     retired: dict[str, ZoneTrack] = field(default_factory=dict)  # zones a reload removed
     entered: list[str] = field(default_factory=list)  # zone names, in the order first entered
     crossings: list[dict] = field(default_factory=list)
+    #: every crossing (line, inbound) and zone entry (zone, None) of the track, counted or not
+    #: (a line's or zone's `objects`): a change of label moves them to the new label's counts
+    tally: Counter = field(default_factory=Counter)
     snapshot: _Snapshot | None = None
     sent_at: float = -math.inf  # frame time of the last new/update message
     pending: bool = False
@@ -231,7 +234,7 @@ class CameraEvents:
         for track in frame.tracks:
             event = self._events[track.id]
             event.track = track
-            event.label = self._label(track.label_id)
+            self._relabel(event, self._label(track.label_id), batch)
         if not seen or frame.width <= 0 or frame.height <= 0:
             return
         boxes = np.array([track.box for track in seen], dtype=np.float64)
@@ -270,6 +273,7 @@ class CameraEvents:
         event.pending = True
         if change is ZoneChange.ENTERED and zone.name not in event.entered:
             event.entered.append(zone.name)
+            event.tally[(zone.name, None)] += 1
             self.counts.add_entry(zone.name, event.label)
             batch.count(CountKind.ZONE, zone.name)
 
@@ -277,13 +281,46 @@ class CameraEvents:
                    time: float, batch: _Batch) -> None:
         state = event.lines.setdefault(line.name, LineTrack())
         direction = state.step(line, point, distance, band, time)
-        if direction is None or not line.counts(event.label):
+        if direction is not None:
+            self._crossed(line, event, direction, state.crossed_at, batch)
+
+    def _crossed(self, line: Line, event: _Event, direction: Direction, time: float, batch: _Batch) -> None:
+        event.tally[(line.name, direction is Direction.IN)] += 1
+        if not line.counts(event.label):
             return
-        event.crossings.append({"line": line.name, "direction": direction.value, "time": state.crossed_at})
+        event.crossings.append({"line": line.name, "direction": direction.value, "time": time})
         del event.crossings[:-MAX_CROSSINGS]
         event.pending = True
-        self.counts.add_crossing(line.name, direction.value == "in", event.label)
+        self.counts.add_crossing(line.name, direction is Direction.IN, event.label)
         batch.count(CountKind.LINE, line.name)
+
+    def _relabel(self, event: _Event, label: str, batch: _Batch) -> None:
+        """The track's vote changed its label: what it counted so far counts under the new label
+        (a cross first seen as a star is counted as a cross), as far as each line's and zone's
+        `objects` take either label."""
+        old, event.label = event.label, label
+        if label == old:
+            return
+        event.pending = True
+        lines = {line.name: line for line in self._lines}
+        zones = {zone.name: zone for zone in self._zones}
+        for (name, inbound), n in event.tally.items():
+            if inbound is None:
+                zone = zones.get(name)
+                if zone is not None and zone.counts(old) and zone.counts(label):
+                    self.counts.add_entry(name, old, -n)
+                    self.counts.add_entry(name, label, n)
+                    batch.count(CountKind.ZONE, name)
+                continue
+            line = lines.get(name)
+            if line is None:
+                continue
+            if line.counts(old):
+                self.counts.add_crossing(name, inbound, old, -n)
+            if line.counts(label):
+                self.counts.add_crossing(name, inbound, label, n)
+            if line.counts(old) or line.counts(label):
+                batch.count(CountKind.LINE, name)
 
     def _sighting(self, event: _Event, track: Track, frame: TrackFrame, batch: _Batch) -> None:
         event.box, event.score = track.box, track.score
@@ -302,6 +339,11 @@ class CameraEvents:
             return
         if track is not None:
             event.track = track
+        lines = {line.name: line for line in self._lines}
+        for name, line_track in event.lines.items():
+            direction = line_track.pending()  # a crossing still inside the band when the track ended
+            if direction is not None and name in lines:
+                self._crossed(lines[name], event, direction, line_track.crossed_at, batch)
         current = self._current_zones(event)  # the zones it was in when last seen
         for state in event.zones.values():
             state.close(event.track.last_time)

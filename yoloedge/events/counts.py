@@ -108,18 +108,19 @@ class CountsState:
 
     # -- changes from CameraEvents ---------------------------------------------------------------
 
-    def add_crossing(self, line: str, inbound: bool, label: str) -> None:
+    def add_crossing(self, line: str, inbound: bool, label: str, n: int = 1) -> None:
+        """`n` crossings more (less, when a track's label changed: never below 0)."""
         with self._lock:
             counts = self._lines[line]
             table = counts.inbound if inbound else counts.outbound
-            table[label] = table.get(label, 0) + 1
+            table[label] = max(0, table.get(label, 0) + n)
             (counts.outbound if inbound else counts.inbound).setdefault(label, 0)
             self.revision += 1
 
-    def add_entry(self, zone: str, label: str) -> None:
+    def add_entry(self, zone: str, label: str, n: int = 1) -> None:
         with self._lock:
             entered = self._zones[zone].entered
-            entered[label] = entered.get(label, 0) + 1
+            entered[label] = max(0, entered.get(label, 0) + n)
             self.revision += 1
 
     def set_objects(self, zone: str, objects: dict[str, int]) -> bool:

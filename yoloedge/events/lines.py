@@ -23,8 +23,11 @@ Debouncing, so jitter on the line never counts twice:
 * Sightings only. Frames in which the tracker only predicts a box (not matched) are skipped; the
   path runs from one sighting to the next, so a track occluded while it crosses still counts
   when it is seen again on the other side.
-* A track's first side is where it is first seen outside the band; it counts no crossing (where
-  it came from is not known).
+* A track's first side is the side it is first seen on (inside the band or not); its first
+  sighting counts no crossing (where it came from is not known).
+* When a track ends (lost, its camera stops, shutdown) while its last sighting was across the
+  line (through the segment) but still inside the band -- a slow object, or the clip ended --
+  the side it ended on decides: that crossing counts, once.
 """
 
 from __future__ import annotations
@@ -83,8 +86,20 @@ class LineTrack:
                 self.crossed_at = time
             self.last_point, self.last_sign = point, sign
         if abs(distance) <= band:
+            if self.side == 0 and sign != 0:  # first seen on the line: the side it is on, for now
+                self.side = sign
             return None
         previous, self.side = self.side, sign
         if previous in (0, sign) or not self.through_segment:
             return None
         return Direction.IN if previous > 0 else Direction.OUT
+
+    def pending(self) -> Direction | None:
+        """When the track ends: the crossing it was making, if its last sighting was across the
+        line (through the segment) but still inside the band -- a slow object, or the clip's end.
+        The side it ends on decides, so jitter on the line still counts at most once."""
+        if self.side == 0 or self.last_sign in (0, self.side) or not self.through_segment:
+            return None
+        direction = Direction.IN if self.side > 0 else Direction.OUT
+        self.side = self.last_sign
+        return direction
