@@ -1,8 +1,10 @@
-"""I420 pictures out of a GStreamer buffer into BGR arrays, bit for bit as OpenCV's FFmpeg makes them.
+"""I420 pictures (a GStreamer buffer, a PyAV frame's planes) into BGR arrays, bit for bit as OpenCV's
+FFmpeg makes them.
 
 `decoder: opencv` gets its BGR from FFmpeg's swscale (yuv420p to bgr24 at the same size: swscale's
-"unscaled" converter, whatever flags OpenCV passes). The GStreamer presets hand Python the
-decoder's I420 instead, and this module computes what swscale would have made of it: the same row
+"unscaled" converter, whatever flags OpenCV passes). The GStreamer presets and `decoder: pyav` hand
+Python the decoder's I420 (or NV12: the same samples, U and V interleaved) instead, and this module
+computes what swscale would have made of it: the same row
 of swscale's coefficient table, the same fixed-point arithmetic, each chroma sample repeated over
 its 2x2 block. Anything else moves an int8 model's scores: cv2.cvtColor's COLOR_YUV2BGR_I420 rounds
 its own way (about one grey level brighter on average), GStreamer's videoconvert interpolates
@@ -20,7 +22,7 @@ converters (called on libswscale) for every (Y, U, V) in every matrix and range.
 Which matrix and range OpenCV's FFmpeg applies depends on OpenCV (`opencv_colorimetry`): OpenCV 5
 (FFmpeg 8) takes the stream's matrix and range; OpenCV 4 takes the range but always BT.601.
 
-Not reproduced (`gstreamer.py` says so once per stream): odd heights, which swscale sends through
+Not reproduced (`opencv_differences`; the sources say so once per stream): odd heights, which swscale sends through
 its general scaler (chroma interpolated vertically, about one grey level off on average), and, with
 OpenCV 5, wide-gamut primaries (BT.2020, DCI-P3...) and HDR transfers (PQ, HLG), which FFmpeg 8
 maps to BT.709 before converting.
@@ -107,6 +109,20 @@ def opencv_colorimetry(stream: Colorimetry, cv2_version: str = cv2.__version__) 
     """The conversion cv2.VideoCapture applies to a stream that states `stream` (BT.601 limited
     where it states nothing)."""
     return stream if opencv_reads_tags(cv2_version) else Colorimetry(Matrix.BT601, stream.full_range)
+
+
+def opencv_differences(height: int, colour_managed: str | None) -> list[str]:
+    """Why a stream's pictures converted here differ from cv2.VideoCapture's (empty: they do not):
+    an odd `height`, and with OpenCV 5 what `colour_managed` names (wide-gamut primaries, an HDR
+    transfer), or None."""
+    reasons = []
+    if height % 2:
+        reasons.append(f"its height ({height}) is odd: OpenCV's FFmpeg interpolates chroma between "
+                       f"rows there, yoloedge repeats it (about 1 grey level apart on average)")
+    if colour_managed is not None and opencv_reads_tags():
+        reasons.append(f"its {colour_managed}: OpenCV's FFmpeg maps such colours to BT.709 first, which "
+                       f"yoloedge does not")
+    return reasons
 
 
 class Arithmetic(str, Enum):
@@ -285,6 +301,13 @@ class I420Converter:
         luma = plane(data, layout.offsets[0], layout.strides[0], h, w)
         u = plane(data, layout.offsets[1], layout.strides[1], chroma_h, chroma_w)
         v = plane(data, layout.offsets[2], layout.strides[2], chroma_h, chroma_w)
+        return self.planes_to_bgr(luma, u, v, colorimetry, out)
+
+    def planes_to_bgr(self, luma: np.ndarray, u: np.ndarray, v: np.ndarray, colorimetry: Colorimetry = BT601,
+                      out: np.ndarray | None = None) -> np.ndarray:
+        """The picture of a (height, width) `luma` plane and its chroma planes (half the size,
+        rounded up; any strides: NV12's interleaved U and V as views) as `to_bgr` gives it."""
+        h, w = luma.shape
         fits = out is not None and out.shape == (h, w, 3) and out.dtype == np.uint8 and out.flags.c_contiguous
         target = out if fits and out is not None else np.empty((h, w, 3), np.uint8)
         tables = self._tables.get(colorimetry)
