@@ -7,9 +7,10 @@ per 1080p camera (the picture and its swscale context) that its API cannot avoid
 decoder's yuv420p (or NV12) planes are converted by `yuv.I420Converter` -- swscale's own
 arithmetic, so the pictures are cv2.VideoCapture's, byte for byte -- into the buffer the reader
 lends from its `FramePool`, and only for the frames the camera keeps (`grab()` decodes,
-`retrieve(out)` converts). Other pixel formats (4:2:2, 4:4:4, 10-bit, grey) are converted by PyAV's
-swscale into an array of its own and copied: the pictures then may differ a little from OpenCV's,
-and the log says so once per stream.
+`retrieve(out)` converts). Other pictures (an odd height, 4:2:2, 4:4:4, 10-bit, grey, and with
+OpenCV 5 wide-gamut or HDR colours, which its FFmpeg maps to BT.709) are converted by swscale itself,
+through PyAV, called as OpenCV calls it -- the same pictures again, byte for byte -- into an array
+of its own, then copied (a frame-sized allocation per kept frame; the log says so once).
 
 What stays the same as `decoder: opencv`: the decoder's thread count (`decode_threads`; 0: one per
 CPU core, at most 16, as OpenCV picks), frame and slice threading as FFmpeg's default, the open and
@@ -41,7 +42,7 @@ from ..redact import redact_text, redact_url
 from .capture import (DEFAULT_DECODE_THREADS, Source, SourceError, SourceKind, UnsupportedSourceError, local_path,
                       plausible_fps, source_kind)
 from .gstlaunch import PYAV_HINT
-from .yuv import Colorimetry, I420Converter, Matrix, opencv_colorimetry, opencv_differences, plane
+from .yuv import Colorimetry, I420Converter, Matrix, opencv_colorimetry, opencv_reads_tags, plane
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,9 @@ _FULL_RANGE = 2  # AVCOL_RANGE_JPEG
 #: SMPTE 170M/240M), as `gstreamer._PLAIN_PRIMARIES`; AVColorTransferCharacteristic PQ and HLG
 _PLAIN_PRIMARIES = frozenset(range(8))
 _HDR_TRANSFERS = {16: "SMPTE2084", 18: "ARIB_STD_B67"}
+#: what OpenCV 5's FFmpeg maps the colours of such a stream to (AVCOL_PRI_BT709, AVCOL_TRC_BT709)
+BT709_PRIMARIES = 1
+BT709_TRANSFER = 1
 
 _load_lock = threading.Lock()
 
@@ -73,6 +77,7 @@ def load_av() -> Any:
         try:
             import av
             import av.error  # noqa: F401 - the exception classes
+            import av.video.reformatter  # noqa: F401 - swscale's flags
         except ImportError as exc:
             raise UnsupportedSourceError(f"decoder: pyav needs PyAV, which is not installed or does not load "
                                          f"({exc}): {PYAV_HINT}") from None
@@ -99,10 +104,11 @@ def frame_colorimetry(frame: Any) -> Colorimetry:
 
 
 def colour_managed(frame: Any) -> str | None:
-    """What in a frame's tags FFmpeg 8 maps before converting (`yuv.opencv_differences`), or None."""
-    if int(frame.color_primaries) not in _PLAIN_PRIMARIES:
-        return f"colour primaries (AVColorPrimaries {int(frame.color_primaries)})"
-    transfer = _HDR_TRANSFERS.get(int(frame.color_trc))
+    """What in a frame's tags OpenCV 5's FFmpeg 8 maps to BT.709 before converting, or None."""
+    primaries = int(getattr(frame, "color_primaries", 2))  # PyAV before 15 does not tell: unspecified
+    if primaries not in _PLAIN_PRIMARIES:
+        return f"colour primaries (AVColorPrimaries {primaries})"
+    transfer = _HDR_TRANSFERS.get(int(getattr(frame, "color_trc", 2)))
     return f"HDR transfer function ({transfer})" if transfer else None
 
 
@@ -132,6 +138,7 @@ class PyAvSource(Source):
         self._threads = decoder_threads(decode_threads)
         self._av = load_av()
         self._converter = I420Converter()
+        self._reformatter: Any = None  # PyAV's swscale, for the pictures the converter does not take
         self._told: set[str] = set()
         self._container: Any = None
         self._stream: Any = None
@@ -273,18 +280,35 @@ class PyAvSource(Source):
 
     # -- converting --------------------------------------------------------------------------------
     def _convert(self, frame: Any, out: np.ndarray | None) -> np.ndarray:
+        """The frame as BGR in `out` (when its shape fits): 4:2:0 of an even height by
+        `yuv.I420Converter`, anything else by swscale as OpenCV calls it (`_swscale`)."""
         name = frame.format.name
-        if name in I420_FORMATS or name in SEMI_PLANAR_FORMATS:
-            self._tell(opencv_differences(int(frame.height), colour_managed(frame)))
-            if frame.rotation:
-                self._tell([f"it is rotated by {frame.rotation} degrees: OpenCV turns such frames, "
-                            f"decoder: pyav does not"])
+        rotation = getattr(frame, "rotation", 0)
+        if rotation:
+            self._tell([f"it is rotated by {rotation} degrees: OpenCV turns such frames, decoder: pyav does not"])
+        managed = colour_managed(frame) if opencv_reads_tags() else None  # OpenCV 4 converts such colours as they are
+        if (name in I420_FORMATS or name in SEMI_PLANAR_FORMATS) and frame.height % 2 == 0 and managed is None:
             luma, u, v = _planes(frame, name)
-            colorimetry = opencv_colorimetry(frame_colorimetry(frame))
-            return self._converter.planes_to_bgr(luma, u, v, colorimetry, out)
-        self._tell([f"its pixel format is {name}: FFmpeg's swscale converts it (through PyAV) into a "
-                    f"picture of its own, which may differ slightly from OpenCV's and costs a copy"])
-        image = frame.to_ndarray(format="bgr24", threads=1)
+            return self._converter.planes_to_bgr(luma, u, v, opencv_colorimetry(frame_colorimetry(frame)), out)
+        if name not in self._told:
+            self._told.add(name)
+            log.info("%s: %s %dx%d%s is converted by swscale (PyAV), into a frame-sized array of its own and "
+                     "copied", self.description, name, frame.width, frame.height, f", {managed}" if managed else "",
+                     extra={"camera": self.camera})
+        return self._swscale(frame, out, to_bt709=managed is not None)
+
+    def _swscale(self, frame: Any, out: np.ndarray | None, to_bt709: bool) -> np.ndarray:
+        """swscale (PyAV's) called as OpenCV calls it: SWS_BICUBIC, and with OpenCV 5 the stream's
+        matrix and range, wide-gamut and HDR colours mapped to BT.709 (`to_bt709`); with OpenCV 4
+        BT.601. The same pictures, byte for byte, for odd heights, 4:2:2, 4:4:4, 10-bit, grey, BT.2020
+        primaries and PQ (measured, OpenCV 5.0). Into an array of its own, copied into `out`."""
+        reformatter = self._av.video.reformatter
+        colorspace = None if opencv_reads_tags() else reformatter.Colorspace.ITU601
+        mapped = {"dst_color_primaries": BT709_PRIMARIES, "dst_color_trc": BT709_TRANSFER} if to_bt709 else {}
+        if self._reformatter is None:  # one per source: it keeps swscale's context (and its colour map)
+            self._reformatter = reformatter.VideoReformatter()
+        image = self._reformatter.reformat(frame, format="bgr24", interpolation=reformatter.Interpolation.BICUBIC,
+                                           src_colorspace=colorspace, threads=1, **mapped).to_ndarray()
         if out is not None and out.shape == image.shape and out.dtype == image.dtype:
             np.copyto(out, image)
             return out
@@ -312,6 +336,7 @@ class PyAvSource(Source):
     def release(self) -> None:
         self._close()
         self._grabbed = None
+        self._reformatter = None  # kept across a loop's reopening: its colour map takes seconds to build
 
 
 def _planes(frame: Any, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
