@@ -29,7 +29,9 @@ maps to BT.709 before converting.
 
 The picture is converted in strips of about STRIP_PIXELS pixels (whole rows, an even number), into
 arrays kept for the next frame: the 16-bit intermediates of a whole 1080p frame would take 27 MB per
-camera, a strip's 2 MB; fewer, longer strips would mostly save Python's calls.
+camera, a strip's 0.9 MB. Strips of 32 rows at 1080p convert as fast as strips of 84 (16.3 and
+16.8 ms a frame on a loaded 2-core x86 VM; their intermediates stay in the cache), 16 rows took
+21 ms, 8 rows 30 ms (Python's calls per strip).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import numpy as np
 
 #: pixels converted at a time, about 13 bytes of intermediates each (the rows of a strip are even in
 #: number: a strip holds whole 2x2 chroma blocks)
-STRIP_PIXELS = 1280 * 128
+STRIP_PIXELS = 1920 * 32
 
 
 def strip_rows(width: int) -> int:
