@@ -137,7 +137,7 @@ class PyAvSource(Source):
         self._timeouts = (open_timeout_s, read_timeout_s)
         self._threads = decoder_threads(decode_threads)
         self._av = load_av()
-        self._converter = I420Converter()
+        self._converter = I420Converter(keep_buffers=False)  # it converts only the kept frames
         self._reformatter: Any = None  # PyAV's swscale, for the pictures the converter does not take
         self._told: set[str] = set()
         self._container: Any = None
