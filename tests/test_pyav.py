@@ -139,6 +139,34 @@ def test_through_the_reader_kept_frames_are_the_pixels_opencv_reads(media, av):
     assert pool.allocated == 1 and pool.in_use() == 0
 
 
+def threads_added_while_reading(url, frames: int, **settings) -> int:
+    before = len(os.listdir("/proc/self/task"))
+    source = open_pyav(url, **settings)
+    try:
+        for _ in range(frames):
+            assert source.read() is not None, source.error
+        return len(os.listdir("/proc/self/task")) - before
+    finally:
+        source.release()
+
+
+def test_decode_threads_are_the_decoders_threads_as_with_opencv(media, av):
+    """1 (the default) decodes in the reading thread; 2 and 0 (one per core) start frame threads,
+    with the same pictures. PyAV's own default would be FFmpeg's automatic count."""
+    url = media / MP4
+    assert threads_added_while_reading(url, 10) == 0
+    assert threads_added_while_reading(url, 10, decode_threads=1) == 0
+    if (os.cpu_count() or 1) >= 2:
+        assert threads_added_while_reading(url, 10, decode_threads=2) >= 2
+        assert threads_added_while_reading(url, 10, decode_threads=0) >= 2
+    source = open_pyav(url, decode_threads=2)
+    try:
+        threaded = [source.read().copy() for _ in range(20)]
+    finally:
+        source.release()
+    assert [unequal(a, b) for a, b in zip(threaded, opencv_frames(url)[:20])] == [None] * 20
+
+
 # -- other pixel formats: swscale, as OpenCV calls it ----------------------------------------------
 def encode(av, media: Path, out: Path, codec: str, pixel_format: str, size: tuple[int, int]) -> Path:
     """8 frames of the indoor clip in `pixel_format` at `size`, encoded by PyAV."""
