@@ -312,7 +312,8 @@ def report(opts: Options, baseline: ProcSample, rows: list[Row], missing: list[s
                                       enumerate(zip(cells, widths))).rstrip())
     lines += ["", "  decoded/s: frames each camera decoded per second; per camera and threads: against the daemon "
                   "without cameras;",
-              "  captures alone: the same sources read by plain threads in a process that only imported OpenCV"
+              "  captures alone: the same sources read by plain threads in a process that only imported OpenCV "
+              "(and the decoder's module)"
               + ("; watched: per camera after every camera's snapshot was asked for" if opts.watch else "")]
     lines += [f"  not run: {why}" for why in missing]
     return "\n".join(lines)
