@@ -15,6 +15,7 @@ import pytest
 
 from conftest_mqtt import require_programs
 from daemon_harness import REPO
+from yoloedge.sources.gstlaunch import av_installed
 
 SOURCE = "indoor_people_480p_mpeg4.avi"  # 84 frames at 15 fps
 SOURCE_FRAMES = 84
@@ -53,13 +54,16 @@ def has_openh264() -> bool:
 
 
 @pytest.mark.shared
-def test_bench_memory_prints_a_row_per_codec_with_the_daemon_and_the_captures_alone(media, models):
+@pytest.mark.parametrize("decoder", ["opencv", "pyav"])
+def test_bench_memory_prints_a_row_per_codec_with_the_daemon_and_the_captures_alone(media, models, decoder):
     require_programs("mosquitto")
+    if decoder == "pyav" and not av_installed():
+        pytest.skip("PyAV is not installed: pip install yoloedge[pyav]")
     result = bench("memory", "--from", str(media / SOURCE), "--size", "320x240", "--cameras", "2", "--seconds", "2",
-                   "--watch", "--model", str(models / "yolov8n_coco_int8.onnx"))
+                   "--watch", "--model", str(models / "yolov8n_coco_int8.onnx"), "--decoder", decoder)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "2 file cameras per clip at fps 5, decode_threads 1, RSS after 2 s" in out, out
+    assert f"2 file cameras per clip at fps 5, decoder {decoder}, decode_threads 1, RSS after 2 s" in out, out
     assert re.search(rf"the daemon without cameras: {NUMBER} MB RSS, [0-9]+ threads", out), out
     header = next(line for line in out.splitlines() if line.strip().startswith("codec"))
     assert header.split() == ["codec", "decoded/s", "daemon", "RSS", "per", "camera", "threads", "captures", "alone",
@@ -80,7 +84,8 @@ def test_bench_memory_refuses_bad_options_before_running_anything(tmp_path):
     model.write_bytes(b"")
     for args, said in ((["--from", str(tmp_path / "none.mp4")], "no such file"),
                        (["--from", str(model), "--codecs", "vp9"], "--codecs takes h264, mpeg4"),
-                       (["--from", str(model), "--cameras", "0"], "--cameras and --batch are at least 1")):
+                       (["--from", str(model), "--cameras", "0"], "--cameras and --batch are at least 1"),
+                       (["--from", str(model), "--decoder", "ffmpeg"], "--decoder takes opencv, pyav")):
         result = bench("memory", "--model", str(model), *args, timeout=60)
         assert result.returncode == 2 and said in result.stderr, (args, result.stderr)
 

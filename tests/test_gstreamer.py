@@ -404,10 +404,12 @@ def test_unreachable_rtsp_url_fails_without_showing_its_credentials(gst_modules,
 
 
 # -- auto, hardware presets ----------------------------------------------------------------------------
-def test_auto_picks_gstreamer_here_and_status_says_so(media, gst_modules, run_reader):
+def test_auto_picks_gstreamer_here_and_status_says_so(media, gst_modules, run_reader, monkeypatch):
+    """Without PyAV (which auto prefers to software GStreamer, tests/test_pyav.py)."""
     for element in ("nvv4l2decoder", "nvh264dec", "vah264dec", "vaapih264dec"):
         if gst_modules.Gst.ElementFactory.find(element) is not None:
             pytest.skip(f"this machine has {element}: auto picks hardware")
+    monkeypatch.setitem(sys.modules, "av", None)
     collector = Collector(size=2, lossless=True)
     config = camera(media / AVI, decoder="auto", realtime=False)
     reader, states = run_reader(config, collector)
@@ -587,7 +589,7 @@ def test_config_reads_decoder_and_pipeline(tmp_path, gst_modules):
 
 BAD = [
     ("bad-decoder", "- {name: a, url: rtsp://h/s, decoder: cuda}\n", 4, "cameras[0].decoder",
-     "must be one of: opencv, gstreamer, jetson, vaapi, nvidia, auto"),
+     "must be one of: opencv, pyav, gstreamer, jetson, vaapi, nvidia, auto"),
     ("url-and-pipeline", "- name: a\n  url: rtsp://h/s\n  pipeline: videotestsrc ! appsink\n", 6,
      "cameras[0].pipeline", "url: and pipeline: are both given"),
     ("no-source", "- name: a\n  fps: 5\n", 4, "cameras[0].url", "required key is missing"),
@@ -660,6 +662,7 @@ def test_gstreamer_without_pygobject_is_an_unsupported_source(monkeypatch):
     from yoloedge.sources import gstreamer
     monkeypatch.setattr(gstreamer, "_gst", None)
     monkeypatch.setitem(sys.modules, "gi", None)
+    monkeypatch.setitem(sys.modules, "av", None)  # auto's other choice before OpenCV (tests/test_pyav.py)
     with pytest.raises(UnsupportedSourceError, match=r"pip install yoloedge\[gstreamer\]"):
         gstreamer.choose_decoder(CameraConfig(name="a", url="rtsp://h/s", decoder="gstreamer"))
     choice = gstreamer.choose_decoder(CameraConfig(name="a", url="rtsp://h/s", decoder="auto"))

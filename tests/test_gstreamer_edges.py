@@ -9,6 +9,7 @@ import gc
 import hashlib
 import http.server
 import os
+import sys
 import textwrap
 import threading
 import tracemalloc
@@ -171,9 +172,10 @@ def without_element(gst, name: str):
         registry.add_feature(feature)
 
 
-def test_rtsp_preset_without_h264timestamper_fails_clearly_and_auto_passes_it_over(media, gst_modules):
+def test_rtsp_preset_without_h264timestamper_fails_clearly_and_auto_passes_it_over(media, gst_modules, monkeypatch):
     from yoloedge.config.schema import CameraConfig
     from yoloedge.sources.gstreamer import choose_decoder
+    monkeypatch.setitem(sys.modules, "av", None)  # without PyAV, which auto would take before GStreamer
     rtsp = CameraConfig(name="c", url="rtsp://192.0.2.1/s", decoder="gstreamer")
     with without_element(gst_modules, "h264timestamper"):
         with pytest.raises(UnsupportedSourceError) as info:

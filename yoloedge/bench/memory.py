@@ -10,8 +10,8 @@ for, as a camera sampled down would. After `--seconds` the daemon's RSS and thre
 
 Next to it, "captures alone": the same sources (`sources.capture`), read by as many plain threads
 at the same pace as in the daemon -- every frame grabbed, the kept ones retrieved into a buffer
-of a shared `FramePool` -- in a process that has only imported OpenCV: the decoder and its BGR
-pictures, without the pipeline. The difference is what
+of a shared `FramePool` -- in a process that has only imported OpenCV (and the `--decoder`'s
+module): the decoder and its BGR pictures, without the pipeline. The difference is what
 the pipeline adds per camera (its reader threads, the resized pictures, the snapshot keepsake).
 With `--watch` every camera's snapshot is then asked for once, which makes the cameras *watched*
 (full frames copied for the status page and `yoloedge-ctl snapshot`, see `pipeline.snapshots`),
@@ -60,6 +60,7 @@ def add_parser(bsub) -> None:
     p.add_argument("--cameras", type=int, default=8, help="file cameras per clip (default 8)")
     p.add_argument("--fps", type=float, default=5, help="each camera's `fps:` (default 5)")
     p.add_argument("--decode-threads", type=int, default=1, help="each camera's `decode_threads:` (default 1)")
+    p.add_argument("--decoder", default="opencv", help="each camera's `decoder:` (default opencv; e.g. pyav)")
     p.add_argument("--batch", type=int, default=8, help="the simulated device's batch (default 8)")
     p.add_argument("--seconds", type=float, default=20, help="run this long before reading RSS (default 20)")
     p.add_argument("--watch", action="store_true", help="then ask every camera's snapshot and read RSS again")
@@ -77,6 +78,7 @@ class Options:
     seconds: float
     watch: bool
     captures: bool
+    decoder: str = "opencv"
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class CaptureProbe:
 def main(args: argparse.Namespace) -> int:
     opts = Options(model=str(Path(args.model).resolve()), cameras=args.cameras, fps=args.fps,
                    decode_threads=args.decode_threads, batch=args.batch, seconds=args.seconds,
-                   watch=args.watch, captures=not args.no_captures)
+                   watch=args.watch, captures=not args.no_captures, decoder=args.decoder)
     problem = _problem(args, opts)
     if problem:
         print(f"yoloedge bench memory: {problem}", file=sys.stderr)
@@ -130,6 +132,9 @@ def main(args: argparse.Namespace) -> int:
 def _problem(args: argparse.Namespace, opts: Options) -> str | None:
     if opts.cameras < 1 or opts.fps <= 0 or opts.seconds <= 0 or opts.decode_threads < 0 or opts.batch < 1:
         return "--cameras and --batch are at least 1, --fps and --seconds more than 0, --decode-threads 0 or more"
+    from ..sources.gstlaunch import DECODERS
+    if opts.decoder not in DECODERS:
+        return f"--decoder takes {', '.join(DECODERS)}"
     for path in [opts.model, args.source, *(args.clip or [])]:
         if path and not os.path.isfile(path):
             return f"no such file: {path}"
@@ -194,8 +199,8 @@ def run(opts: Options, clips: list[Clip], workdir: Path, binary: str) -> tuple[P
 
 def _config(opts: Options, workdir: Path, port: int, clip: Clip | None) -> dict:
     cameras = [] if clip is None else [
-        {"name": f"cam{i:02d}", "url": clip.path, "loop": True, "fps": opts.fps, "decode_threads": opts.decode_threads}
-        for i in range(opts.cameras)]
+        {"name": f"cam{i:02d}", "url": clip.path, "loop": True, "fps": opts.fps, "decode_threads": opts.decode_threads,
+         "decoder": opts.decoder} for i in range(opts.cameras)]
     accelerator = {"name": "sim", "backend": "simulated", "batch": opts.batch, "simulated": {"device_ms": [4, 2]}}
     return bench_config(workdir, port, {"path": opts.model}, accelerator, cameras)
 
@@ -230,24 +235,26 @@ def _watch_all(daemon: Daemon, cameras: int) -> None:
 def captures_alone(clip: str, opts: Options) -> CaptureProbe:
     """The cameras' sources without the daemon, in a fresh process (see the module docstring)."""
     command = [sys.executable, "-m", "yoloedge.bench.memory", clip, str(opts.cameras), str(opts.seconds),
-               str(opts.decode_threads), str(opts.fps)]
+               str(opts.decode_threads), str(opts.fps), opts.decoder]
     result = subprocess.run(command, capture_output=True, text=True, timeout=opts.seconds + 120)
     if result.returncode != 0:
         raise RuntimeError(f"the captures-alone process failed:\n{result.stderr}")
     return CaptureProbe(**json.loads(result.stdout.strip().splitlines()[-1]))
 
 
-def _probe(clip: str, cameras: int, seconds: float, decode_threads: int, fps: float) -> dict:
+def _probe(clip: str, cameras: int, seconds: float, decode_threads: int, fps: float, decoder: str) -> dict:
     """In the fresh process: open `cameras` sources of `clip`, and read them paced at the clip's
     rate from as many threads for `seconds` as the daemon's readers do: every frame grabbed, the
-    ones `fps` keeps retrieved into a buffer of a shared pool and given back at once. Reports RSS
-    before opening and while reading."""
-    from ..sources.capture import open_source
+    ones `fps` keeps retrieved into a buffer of a shared pool and given back at once, each opened
+    with `decoder` as the daemon opens it. Reports RSS before opening and while reading."""
+    from ..config.schema import CameraConfig
     from ..sources.framepool import FramePool
+    from ..sources.gstreamer import open_camera
     from ..sources.reader import IndexSampler
 
     before = sample_process(os.getpid())
-    sources = [open_source(clip, loop=True, camera=f"cam{i:02d}", decode_threads=decode_threads)
+    sources = [open_camera(CameraConfig(name=f"cam{i:02d}", url=clip, loop=True, decode_threads=decode_threads,
+                                        decoder=decoder), camera=f"cam{i:02d}", reuse_frame=True)[0]
                for i in range(cameras)]
     pool = FramePool()
     stop = threading.Event()
@@ -261,9 +268,10 @@ def _probe(clip: str, cameras: int, seconds: float, decode_threads: int, fps: fl
         while not stop.is_set() and source.grab():
             size = source.grabbed_size()
             if size is not None and sampler.keep(counts[index], 0.0):
-                lent = pool.take((size[1], size[0], 3))
+                lent = pool.take((size[1], size[0], 3)) if source.fills_buffers else None
                 source.retrieve(lent)
-                pool.give(lent)
+                if lent is not None:
+                    pool.give(lent)
             counts[index] += 1
             delay = start + counts[index] / clip_fps - time.monotonic()
             if delay > 0:
@@ -288,7 +296,7 @@ def report(opts: Options, baseline: ProcSample, rows: list[Row], missing: list[s
     made = f"; clips made from {os.path.basename(source)}" if source else ""
     lines = [
         f"yoloedge bench memory: {opts.cameras} file camera{'s' if opts.cameras != 1 else ''} per clip at fps "
-        f"{opts.fps:g}, decode_threads "
+        f"{opts.fps:g}, decoder {opts.decoder}, decode_threads "
         f"{opts.decode_threads}, RSS after {opts.seconds:g} s{made}",
         f"  host: {os.cpu_count()} cores; the daemon without cameras: {baseline.rss_mb:.1f} MB RSS, "
         f"{baseline.threads} threads",
@@ -304,7 +312,8 @@ def report(opts: Options, baseline: ProcSample, rows: list[Row], missing: list[s
                                       enumerate(zip(cells, widths))).rstrip())
     lines += ["", "  decoded/s: frames each camera decoded per second; per camera and threads: against the daemon "
                   "without cameras;",
-              "  captures alone: the same sources read by plain threads in a process that only imported OpenCV"
+              "  captures alone: the same sources read by plain threads in a process that only imported OpenCV "
+              "(and the decoder's module)"
               + ("; watched: per camera after every camera's snapshot was asked for" if opts.watch else "")]
     lines += [f"  not run: {why}" for why in missing]
     return "\n".join(lines)
@@ -323,6 +332,7 @@ def _cells(opts: Options, baseline: ProcSample, row: Row) -> list[str]:
     return cells
 
 
-if __name__ == "__main__":  # the captures-alone process: CLIP CAMERAS SECONDS DECODE_THREADS FPS
-    clip_arg, cameras_arg, seconds_arg, threads_arg, fps_arg = sys.argv[1:6]
-    print(json.dumps(_probe(clip_arg, int(cameras_arg), float(seconds_arg), int(threads_arg), float(fps_arg))))
+if __name__ == "__main__":  # the captures-alone process: CLIP CAMERAS SECONDS DECODE_THREADS FPS DECODER
+    clip_arg, cameras_arg, seconds_arg, threads_arg, fps_arg, decoder_arg = sys.argv[1:7]
+    print(json.dumps(_probe(clip_arg, int(cameras_arg), float(seconds_arg), int(threads_arg), float(fps_arg),
+                            decoder_arg)))

@@ -43,7 +43,7 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
                   "fps_in": float, "fps_out": float, "drops": int, "reconnects": int,
                   "stalls": int, "images_skipped": int | null (image folders: files refused),
                   "jpeg_decoder": str | null (image folders and HTTP cameras: nvimgcodec, nvjpeg or cpu),
-                  "decoder": str (video: opencv, gstreamer, jetson, vaapi or nvidia; `auto` once resolved),
+                  "decoder": str (video: opencv, pyav, gstreamer, jetson, vaapi or nvidia; `auto` once resolved),
                   "last_frame_age_s": float | null,
                   "latency_p50_ms": float | null, "latency_p99_ms": float | null,
                   "error": str | null,

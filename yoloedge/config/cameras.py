@@ -261,7 +261,7 @@ def one_source_ok(ctx: Context, item: Item) -> bool:
 
 def decoder_ok(ctx: Context, entries: dict, values: dict) -> bool:
     """A GStreamer decoder needs PyGObject, and its presets read rtsp:// cameras and video files;
-    a pipeline: names its own decoder elements."""
+    a pipeline: names its own decoder elements. decoder: pyav needs PyAV (`_pyav_ok`)."""
     if "decoder" not in entries and "pipeline" not in entries:
         return True
     from ..sources.gstlaunch import GSTREAMER_HINT, Decoder, gi_installed
@@ -273,6 +273,8 @@ def decoder_ok(ctx: Context, entries: dict, values: dict) -> bool:
         ctx.bad_value(entries["decoder"], "a pipeline: camera is decoded by the elements of its launch string",
                       "leave decoder: out (or write decoder: gstreamer) and put the decoder into the pipeline")
         return False
+    if decoder is Decoder.PYAV:
+        return _pyav_ok(ctx, entries, values)
     if not (pipeline or decoder.uses_gstreamer):
         return True
     if not gi_installed():
@@ -284,6 +286,20 @@ def decoder_ok(ctx: Context, entries: dict, values: dict) -> bool:
     if not pipeline and url is not None and not _preset_reads(url):
         ctx.bad_value(entries["decoder"], f"decoder: {decoder} reads rtsp:// cameras and video files only",
                       "use decoder: opencv (or auto), or give a pipeline: launch string instead of url:")
+        return False
+    return True
+
+
+def _pyav_ok(ctx: Context, entries: dict, values: dict) -> bool:
+    """decoder: pyav needs PyAV (found, not imported), and reads rtsp:// cameras and video files."""
+    from ..sources.gstlaunch import PYAV_HINT, av_installed
+    if not av_installed():
+        ctx.problem(entries["decoder"], "decoder: pyav needs PyAV, which is not installed", PYAV_HINT)
+        return False
+    url = values.get("url")
+    if url is not None and not _preset_reads(url):
+        ctx.bad_value(entries["decoder"], "decoder: pyav reads rtsp:// cameras and video files only",
+                      "use decoder: opencv (or auto) for this source")
         return False
     return True
 

@@ -27,6 +27,7 @@ reader's: `OpenCvCapture` retrieves only the frames a camera keeps, into a buffe
 borrows from a `FramePool` shared by the cameras for as long as its sink needs the frame, so a
 1080p camera costs a share of one or two 6.2 MB buffers instead of one of its own, and the
 frames it skips are never converted (`yoloedge bench memory`, README "Memory per camera").
+`decoder: pyav` (`sources.pyav`) decodes with FFmpeg without OpenCV's picture in between.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ from .gstlaunch import (AUTO_ORDER, CHAIN_NEEDS, DECODEBIN_NAME, GSTREAMER_HINT,
                         SOURCE_NAME, Decoder, Preset, display_launch, file_launch, gi_installed,
                         register_launch_secrets, rtsp_launch, split_links)
 from .imagesize import DEFAULT_LIMITS, ImageLimits
-from .yuv import BT601, Colorimetry, I420Converter, Matrix, PlaneLayout, opencv_colorimetry, opencv_reads_tags, plane
+from .yuv import (BT601, Colorimetry, I420Converter, Matrix, PlaneLayout, opencv_colorimetry, opencv_differences,
+                  plane)
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,10 @@ def choose_decoder(config: CameraConfig) -> Choice:
                                      f"{kind.value} source: use decoder: opencv or auto, or a pipeline:")
     if requested is Decoder.AUTO:
         return _auto(kind)
+    if requested is Decoder.PYAV:
+        from .pyav import load_av  # here: PyAV is loaded only for the cameras that use it
+        load_av()
+        return Choice(Decoder.PYAV)
     gst()
     if requested is Decoder.GSTREAMER and kind is SourceKind.FILE:
         element: str | None = "decodebin"
@@ -153,12 +158,19 @@ def chain_missing(decoder: Decoder, kind: SourceKind) -> list[str]:
 
 
 def _auto(kind: SourceKind) -> Choice:
+    """AUTO_ORDER's first decoder this machine has for `kind`, else OpenCV (no PyGObject and no
+    PyAV: auto means OpenCV)."""
     try:
         gst()
+        have_gst = True
     except UnsupportedSourceError:
-        return Choice(Decoder.OPENCV)  # no PyGObject: auto means OpenCV
+        have_gst = False
     for decoder in AUTO_ORDER:
-        if chain_missing(decoder, kind):
+        if decoder is Decoder.PYAV:
+            if _pyav_loads():
+                return Choice(decoder)
+            continue
+        if not have_gst or chain_missing(decoder, kind):
             continue
         if decoder is Decoder.GSTREAMER and kind is SourceKind.FILE:
             return Choice(decoder, "decodebin")
@@ -166,6 +178,28 @@ def _auto(kind: SourceKind) -> Choice:
         if element is not None:
             return Choice(decoder, element)
     return Choice(Decoder.OPENCV)
+
+
+def _pyav_loads() -> bool:
+    """Whether PyAV is installed and loads; one that is installed but broken is said once."""
+    from .gstlaunch import av_installed
+    if not av_installed():
+        return False
+    from .pyav import load_av
+    try:
+        load_av()
+    except UnsupportedSourceError as exc:
+        with _gst_lock:
+            first = "pyav" not in _auto_told
+            _auto_told.add("pyav")
+        if first:
+            log.warning("decoder: auto passes over PyAV: %s", exc)
+        return False
+    return True
+
+
+#: what `auto` said once per process
+_auto_told: set[str] = set()
 
 
 def camera_description(config: CameraConfig) -> str:
@@ -216,6 +250,12 @@ def open_camera(config: CameraConfig, *, camera: str | None = None, reuse_frame:
                 image_limits: ImageLimits = DEFAULT_LIMITS) -> tuple[Source, Decoder]:
     """Open a camera's source with its decoder; returns the source and the decoder in use."""
     choice = choose_decoder(config)
+    if choice.decoder is Decoder.PYAV:
+        from .pyav import PyAvSource
+        pyav_source = PyAvSource(config.url, camera=camera, loop=config.loop, open_timeout_s=config.open_timeout_s,
+                                 read_timeout_s=config.read_timeout_s, decode_threads=config.decode_threads)
+        pyav_source.reuse_frame = reuse_frame
+        return pyav_source, Decoder.PYAV
     if choice.decoder is Decoder.OPENCV:
         source = open_source(config.url, loop=config.loop, open_timeout_s=config.open_timeout_s,
                              read_timeout_s=config.read_timeout_s, camera=camera,
@@ -461,14 +501,7 @@ class GStreamerSource(Source):
 
     def _tell_differences(self, layout: PlaneLayout, colour_managed: str | None) -> None:
         """Log once per stream what makes its pictures differ from decoder: opencv's (`yuv.py`)."""
-        reasons = []
-        if layout.height % 2:
-            reasons.append(f"its height ({layout.height}) is odd: OpenCV's FFmpeg interpolates chroma between "
-                           f"rows there, yoloedge repeats it (about 1 grey level apart on average)")
-        if colour_managed is not None and opencv_reads_tags():
-            reasons.append(f"its {colour_managed}: OpenCV's FFmpeg maps such colours to BT.709 first, which "
-                           f"yoloedge does not")
-        for reason in reasons:
+        for reason in opencv_differences(layout.height, colour_managed):
             if reason not in self._told:
                 self._told.add(reason)
                 log.warning("%s: pictures differ from decoder: opencv's: %s", self.description, reason,

@@ -1,8 +1,10 @@
-"""I420 pictures out of a GStreamer buffer into BGR arrays, bit for bit as OpenCV's FFmpeg makes them.
+"""I420 pictures (a GStreamer buffer, a PyAV frame's planes) into BGR arrays, bit for bit as OpenCV's
+FFmpeg makes them.
 
 `decoder: opencv` gets its BGR from FFmpeg's swscale (yuv420p to bgr24 at the same size: swscale's
-"unscaled" converter, whatever flags OpenCV passes). The GStreamer presets hand Python the
-decoder's I420 instead, and this module computes what swscale would have made of it: the same row
+"unscaled" converter, whatever flags OpenCV passes). The GStreamer presets and `decoder: pyav` hand
+Python the decoder's I420 (or NV12: the same samples, U and V interleaved) instead, and this module
+computes what swscale would have made of it: the same row
 of swscale's coefficient table, the same fixed-point arithmetic, each chroma sample repeated over
 its 2x2 block. Anything else moves an int8 model's scores: cv2.cvtColor's COLOR_YUV2BGR_I420 rounds
 its own way (about one grey level brighter on average), GStreamer's videoconvert interpolates
@@ -20,14 +22,16 @@ converters (called on libswscale) for every (Y, U, V) in every matrix and range.
 Which matrix and range OpenCV's FFmpeg applies depends on OpenCV (`opencv_colorimetry`): OpenCV 5
 (FFmpeg 8) takes the stream's matrix and range; OpenCV 4 takes the range but always BT.601.
 
-Not reproduced (`gstreamer.py` says so once per stream): odd heights, which swscale sends through
+Not reproduced (`opencv_differences`; the sources say so once per stream): odd heights, which swscale sends through
 its general scaler (chroma interpolated vertically, about one grey level off on average), and, with
 OpenCV 5, wide-gamut primaries (BT.2020, DCI-P3...) and HDR transfers (PQ, HLG), which FFmpeg 8
 maps to BT.709 before converting.
 
 The picture is converted in strips of about STRIP_PIXELS pixels (whole rows, an even number), into
 arrays kept for the next frame: the 16-bit intermediates of a whole 1080p frame would take 27 MB per
-camera, a strip's 2 MB; fewer, longer strips would mostly save Python's calls.
+camera, a strip's 0.9 MB. Strips of 32 rows at 1080p convert as fast as strips of 84 (16.3 and
+16.8 ms a frame on a loaded 2-core x86 VM; their intermediates stay in the cache), 16 rows took
+21 ms, 8 rows 30 ms (Python's calls per strip).
 """
 
 from __future__ import annotations
@@ -40,9 +44,11 @@ from typing import Any
 import cv2
 import numpy as np
 
+from .framepool import allocate
+
 #: pixels converted at a time, about 13 bytes of intermediates each (the rows of a strip are even in
 #: number: a strip holds whole 2x2 chroma blocks)
-STRIP_PIXELS = 1280 * 128
+STRIP_PIXELS = 1920 * 32
 
 
 def strip_rows(width: int) -> int:
@@ -107,6 +113,20 @@ def opencv_colorimetry(stream: Colorimetry, cv2_version: str = cv2.__version__) 
     """The conversion cv2.VideoCapture applies to a stream that states `stream` (BT.601 limited
     where it states nothing)."""
     return stream if opencv_reads_tags(cv2_version) else Colorimetry(Matrix.BT601, stream.full_range)
+
+
+def opencv_differences(height: int, colour_managed: str | None) -> list[str]:
+    """Why a stream's pictures converted here differ from cv2.VideoCapture's (empty: they do not):
+    an odd `height`, and with OpenCV 5 what `colour_managed` names (wide-gamut primaries, an HDR
+    transfer), or None."""
+    reasons = []
+    if height % 2:
+        reasons.append(f"its height ({height}) is odd: OpenCV's FFmpeg interpolates chroma between "
+                       f"rows there, yoloedge repeats it (about 1 grey level apart on average)")
+    if colour_managed is not None and opencv_reads_tags():
+        reasons.append(f"its {colour_managed}: OpenCV's FFmpeg maps such colours to BT.709 first, which "
+                       f"yoloedge does not")
+    return reasons
 
 
 class Arithmetic(str, Enum):
@@ -208,22 +228,46 @@ def plane(data: Any, offset: int, stride: int, rows: int, columns: int) -> np.nd
 
 
 class _Buffers:
-    """The arrays a strip of a picture `width` wide is computed in."""
+    """The arrays a strip of a picture `width` wide is computed in: views of one memory mapping of
+    their own (`framepool.allocate`), so a converter that lets them go between frames gives the
+    memory back to the system at once (a malloc'd array would stay in the thread's heap)."""
 
     def __init__(self, width: int) -> None:
         chroma_width = (width + 1) // 2
         rows = strip_rows(width)
         chroma_rows = rows // 2
         self.width = width
-        # the planes' rows copied in: cv2 copies a read-only array (a mapped buffer) on every call
-        self.y = np.empty((rows, width), np.uint8)
-        self.u = np.empty((chroma_rows, chroma_width), np.uint8)
-        self.v = np.empty((chroma_rows, chroma_width), np.uint8)
-        self.luma = np.empty((rows, width), np.int16)  # the luma term of each pixel
-        self.terms = np.empty((4, chroma_rows, chroma_width), np.int16)  # blue, green (U), green (V), red
-        # each chroma sample's three terms twice: the two pixels of a block row side by side
-        self.chroma = np.empty((chroma_rows, chroma_width, 6), np.int16)
-        self.sums = np.empty((rows, width, 3), np.int16)  # luma term, then plus chroma terms
+        shapes = {
+            # the planes' rows copied in: cv2 copies a read-only array (a mapped buffer) on every call
+            "y": ((rows, width), np.uint8), "u": ((chroma_rows, chroma_width), np.uint8),
+            "v": ((chroma_rows, chroma_width), np.uint8),
+            "luma": ((rows, width), np.int16),  # the luma term of each pixel
+            "terms": ((4, chroma_rows, chroma_width), np.int16),  # blue, green (U), green (V), red
+            # each chroma sample's three terms twice: the two pixels of a block row side by side
+            "chroma": ((chroma_rows, chroma_width, 6), np.int16),
+            "sums": ((rows, width, 3), np.int16),  # luma term, then plus chroma terms
+        }
+        sizes = {name: _aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+                 for name, (shape, dtype) in shapes.items()}
+        self.block = allocate((sum(sizes.values()),))
+        self.nbytes = self.block.nbytes
+        offset = 0
+        for name, (shape, dtype) in shapes.items():
+            count = int(np.prod(shape))
+            view = self.block[offset:offset + count * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+            setattr(self, name, view)
+            offset += sizes[name]
+    y: np.ndarray
+    u: np.ndarray
+    v: np.ndarray
+    luma: np.ndarray
+    terms: np.ndarray
+    chroma: np.ndarray
+    sums: np.ndarray
+
+
+def _aligned(size: int, alignment: int = 64) -> int:
+    return -(-size // alignment) * alignment
 
 
 class _Strip:
@@ -267,11 +311,16 @@ class _Strip:
 
 
 class I420Converter:
-    """Converts one source's I420 frames; keeps the arrays of a strip between frames (one source,
-    one thread, as every source)."""
+    """Converts one source's I420 frames (one source, one thread, as every source). It keeps the
+    arrays of a strip between frames (0.9 MB at 1080p), or with `keep_buffers=False` lets them go
+    after each frame: for a source that converts only the frames its camera keeps (`pyav`), whose
+    cameras then hold them only while converting; making them again costs a mapping, its page
+    faults and the strips' views: 1.5 ms a 1080p frame on a loaded 2-core VM, against 16 ms for
+    the conversion."""
 
-    def __init__(self, arithmetic: Arithmetic | None = None) -> None:
+    def __init__(self, arithmetic: Arithmetic | None = None, keep_buffers: bool = True) -> None:
         self.arithmetic = native_arithmetic() if arithmetic is None else arithmetic
+        self.keep_buffers = keep_buffers
         self._buffers: _Buffers | None = None
         self._strips: dict[int, _Strip] = {}  # by rows: a full strip, and a picture's last one
         self._tables: dict[Colorimetry, Tables] = {}
@@ -285,16 +334,27 @@ class I420Converter:
         luma = plane(data, layout.offsets[0], layout.strides[0], h, w)
         u = plane(data, layout.offsets[1], layout.strides[1], chroma_h, chroma_w)
         v = plane(data, layout.offsets[2], layout.strides[2], chroma_h, chroma_w)
+        return self.planes_to_bgr(luma, u, v, colorimetry, out)
+
+    def planes_to_bgr(self, luma: np.ndarray, u: np.ndarray, v: np.ndarray, colorimetry: Colorimetry = BT601,
+                      out: np.ndarray | None = None) -> np.ndarray:
+        """The picture of a (height, width) `luma` plane and its chroma planes (half the size,
+        rounded up; any strides: NV12's interleaved U and V as views) as `to_bgr` gives it."""
+        h, w = luma.shape
         fits = out is not None and out.shape == (h, w, 3) and out.dtype == np.uint8 and out.flags.c_contiguous
         target = out if fits and out is not None else np.empty((h, w, 3), np.uint8)
         tables = self._tables.get(colorimetry)
         if tables is None:
             tables = self._tables[colorimetry] = swscale_tables(colorimetry, self.arithmetic)
         step = strip_rows(w)
-        for top in range(0, h, step):
-            bottom = min(h, top + step)
-            self._strip(w, bottom - top).convert(tables, luma[top:bottom], u[top // 2:(bottom + 1) // 2],
-                                                 v[top // 2:(bottom + 1) // 2], target[top:bottom])
+        try:
+            for top in range(0, h, step):
+                bottom = min(h, top + step)
+                self._strip(w, bottom - top).convert(tables, luma[top:bottom], u[top // 2:(bottom + 1) // 2],
+                                                     v[top // 2:(bottom + 1) // 2], target[top:bottom])
+        finally:
+            if not self.keep_buffers:
+                self._buffers, self._strips = None, {}
         return target
 
     def _strip(self, width: int, rows: int) -> _Strip:
