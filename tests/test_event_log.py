@@ -75,6 +75,20 @@ def test_a_best_shot_is_the_frame_with_its_box_and_the_frame_is_left_alone():
     assert log.snapshot("nope") is None
 
 
+def test_a_shot_of_a_scaled_down_frame_has_its_box_where_the_object_is():
+    # the frame keeper keeps large frames scaled down: the box (source pixels) is scaled with it,
+    # while the shot's metadata keeps the source's
+    log = EventLog()
+    log.record(message("a"))
+    source_box = (40.0, 32.0, 200.0, 160.0)  # in a 320x240 source, kept at half size
+    log.best_shot("gate", "a", grey(), source_box, 0.9, 1000.0, scale=0.5)
+    changed = np.abs(decoded(log.snapshot("a")).astype(np.int16) - 90).max(axis=2) > 40
+    x1, y1, x2, y2 = (int(v / 2) for v in source_box)  # == BOX
+    assert changed[y1 + 10:y2 - 10, x2].all() and changed[y2, x1 + 10:x2 - 10].all()
+    assert not changed[y2 + 10:, x2 + 10:].any()
+    assert log.recent()[0]["jpeg"]["box"] == list(source_box)
+
+
 def test_gray_and_bgra_frames_get_a_colour_shot():
     log = EventLog()
     log.best_shot("gate", "g", np.full((60, 80), 90, np.uint8), (5, 5, 40, 40), 0.5, 1.0)

@@ -117,10 +117,12 @@ class EventLog:
             self._event(camera, event_id).message = message
 
     def best_shot(self, camera: str, event_id: str, image: np.ndarray,
-                  box: tuple[float, float, float, float], score: float, frame_time: float) -> None:
-        """`image` (the full frame, valid only during this call) is the event's best so far: keep
-        it as a JPEG with `box` drawn, unless the event was encoded less than ENCODE_INTERVAL_S of
-        frame time ago (a frame time before the last one, after a clock step, is encoded)."""
+                  box: tuple[float, float, float, float], score: float, frame_time: float,
+                  scale: float = 1.0) -> None:
+        """`image` (the frame, valid only during this call; `scale` times the source's size, `box`
+        in source pixels) is the event's best so far: keep it as a JPEG with `box` drawn, unless
+        the event was encoded less than ENCODE_INTERVAL_S of frame time ago (a frame time before
+        the last one, after a clock step, is encoded)."""
         with self._lock:
             event = self._event(camera, event_id)
             last = event.encoded_at
@@ -131,7 +133,8 @@ class EventLog:
                 return
             event.encoded_at = frame_time
             label = event.message.get("label") if event.message is not None else None
-        jpeg = _jpeg(_drawn(image, box, score, label if isinstance(label, str) else "object"))
+        drawn_box = (box[0] * scale, box[1] * scale, box[2] * scale, box[3] * scale)
+        jpeg = _jpeg(_drawn(image, drawn_box, score, label if isinstance(label, str) else "object"))
         shot = {"frame_time": frame_time, "score": round(float(score), 6),
                 "box": [round(float(v), 2) for v in box], "bytes": len(jpeg)}
         with self._lock:

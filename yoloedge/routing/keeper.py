@@ -17,7 +17,13 @@ frames in flight than buffers, and nothing to lose by waiting (its reader waits 
 anyway): its reader waits, within the sink's timeout, for a buffer to come back, so every frame is
 kept. A camera not wanted for `FREE_AFTER_S` frees its buffers.
 
-Memory: `depth` frames per camera while objects are in view (3 x 6.2 MB at 1080p), none otherwise.
+A kept frame is scaled down to fit SHOT_MAX_SIDE pixels on its long side (1280x720 from 1080p or
+4K, Frigate's default detect size), which is plenty for an event's picture: full 1080p copies
+would cost a camera up to 18.7 MB while objects are in view, against the few MB a decoded camera
+costs in all (README "Memory per camera").
+
+Memory: up to `depth` pictures per camera while objects are in view (2.8 MB each from 1080p;
+usually one or two are in flight at once), none otherwise.
 
 Threads: the reader thread offers, the router's thread finds and releases; `_Kept.lock` guards a
 camera's slots (a leaf). The table of cameras is replaced whole, read without a lock.
@@ -30,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import cv2
 import numpy as np
 
 from ..sources.frame import Frame, FrameSink
@@ -39,6 +46,17 @@ from ..sources.frame import Frame, FrameSink
 DEFAULT_DEPTH = 3
 #: a camera without objects this long frees its buffers
 FREE_AFTER_S = 10.0
+#: the long side of a kept picture, at most (larger frames are scaled down to it)
+SHOT_MAX_SIDE = 1280
+
+
+def kept_shape(shape: tuple[int, ...], max_side: int = SHOT_MAX_SIDE) -> tuple[int, ...]:
+    """The shape a frame of `shape` is kept at: scaled to fit `max_side`, aspect kept."""
+    height, width = shape[0], shape[1]
+    scale = min(1.0, max_side / max(width, height, 1))
+    if scale >= 1.0:
+        return shape
+    return (max(1, round(height * scale)), max(1, round(width * scale)), *shape[2:])
 
 
 @dataclass
@@ -107,10 +125,14 @@ class FrameKeeper:
             if slot is None:
                 kept.missed += 1
                 return
-            if slot.buffer is None or slot.buffer.shape != image.shape or slot.buffer.dtype != image.dtype:
-                slot.buffer = np.empty_like(image)
+            shape = kept_shape(image.shape)
+            if slot.buffer is None or slot.buffer.shape != shape or slot.buffer.dtype != image.dtype:
+                slot.buffer = np.empty(shape, image.dtype)
                 kept.allocations += 1
-            np.copyto(slot.buffer, image)
+            if shape == image.shape:
+                np.copyto(slot.buffer, image)
+            else:
+                cv2.resize(image, (shape[1], shape[0]), dst=slot.buffer, interpolation=cv2.INTER_AREA)
             slot.key = (frame.seq, frame.capture_mono)
             kept.kept += 1
 
@@ -133,7 +155,8 @@ class FrameKeeper:
             kept.wanted = wanted
 
     def find(self, camera: str, seq: int, capture_mono: float) -> np.ndarray | None:
-        """The full frame `seq` of `camera`, valid until `done` for it; None when not kept."""
+        """Frame `seq` of `camera` (scaled to SHOT_MAX_SIDE), valid until `done` for it; None when
+        not kept."""
         kept = self._cameras.get(camera)
         if kept is None:
             return None

@@ -34,8 +34,10 @@ class EventLogSink(Sink):
             if result.image is None:
                 self.missed_shots += 1
                 continue
+            width = result.detections.width  # the kept picture may be scaled down (FrameKeeper)
+            scale = result.image.shape[1] / width if width > 0 else 1.0
             self._log.best_shot(result.camera, shot.event_id, result.image, shot.box, shot.score,
-                                shot.frame_time)
+                                shot.frame_time, scale=scale)
             self.best_shots += 1
 
     def events(self, camera: str, batch: Any) -> None:
