@@ -62,20 +62,20 @@ def test_a_frame_of_another_size_gets_a_buffer_of_its_size():
     assert kept is not None and kept.shape == (8, 12, 3)
 
 
-def test_a_large_frame_is_kept_scaled_to_fit_1280_pixels_and_a_small_one_as_it_is():
+def test_a_large_frame_is_kept_scaled_to_fit_960_pixels_and_a_small_one_as_it_is():
     keeper = FrameKeeper(depth=1)
     sink = keeper.tap("gate", lambda f, timeout: True)
     big = np.zeros((1080, 1920, 3), np.uint8)
     big[:, 960:] = 200  # the right half bright: still the right half when scaled
     sink(Frame("gate", 0, big, 1.7e9, 0.0), 1.0)
     kept = keeper.find("gate", 0, 0.0)
-    assert kept is not None and kept.shape == (720, 1280, 3)
-    assert kept[:, :630].max() == 0 and kept[:, 650:].min() == 200
+    assert kept is not None and kept.shape == (540, 960, 3)
+    assert kept[:, :470].max() == 0 and kept[:, 490:].min() == 200
     keeper.done("gate", 0.0)
-    portrait = np.full((2000, 1000), 7, np.uint8)  # the long side decides, grey stays grey
+    portrait = np.full((1920, 1080), 7, np.uint8)  # the long side decides, grey stays grey
     sink(Frame("gate", 1, portrait, 1.7e9 + 1, 1.0), 1.0)
     kept = keeper.find("gate", 1, 1.0)
-    assert kept is not None and kept.shape == (1280, 640) and kept.min() == kept.max() == 7
+    assert kept is not None and kept.shape == (960, 540) and kept.min() == kept.max() == 7
     keeper.done("gate", 1.0)
     small = np.full((480, 640, 3), 9, np.uint8)
     sink(Frame("gate", 2, small, 1.7e9 + 2, 2.0), 1.0)

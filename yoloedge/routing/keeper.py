@@ -17,12 +17,12 @@ frames in flight than buffers, and nothing to lose by waiting (its reader waits 
 anyway): its reader waits, within the sink's timeout, for a buffer to come back, so every frame is
 kept. A camera not wanted for `FREE_AFTER_S` frees its buffers.
 
-A kept frame is scaled down to fit SHOT_MAX_SIDE pixels on its long side (1280x720 from 1080p or
-4K, Frigate's default detect size), which is plenty for an event's picture: full 1080p copies
-would cost a camera up to 18.7 MB while objects are in view, against the few MB a decoded camera
-costs in all (README "Memory per camera").
+A kept frame is scaled down to fit SHOT_MAX_SIDE pixels on its long side (960x540 from 1080p or
+4K), enough for an event's picture: full 1080p copies cost a camera up to 18.7 MB while objects
+are in view, 1280x720 ones still 4.6 MB per camera measured (`bench memory`, 8 cameras), against
+the 20-30 MB a decoded 1080p camera costs in all (README "Memory per camera").
 
-Memory: up to `depth` pictures per camera while objects are in view (2.8 MB each from 1080p;
+Memory: up to `depth` pictures per camera while objects are in view (1.6 MB each from 1080p;
 usually one or two are in flight at once), none otherwise.
 
 Threads: the reader thread offers, the router's thread finds and releases; `_Kept.lock` guards a
@@ -47,7 +47,7 @@ DEFAULT_DEPTH = 3
 #: a camera without objects this long frees its buffers
 FREE_AFTER_S = 10.0
 #: the long side of a kept picture, at most (larger frames are scaled down to it)
-SHOT_MAX_SIDE = 1280
+SHOT_MAX_SIDE = 960
 
 
 def kept_shape(shape: tuple[int, ...], max_side: int = SHOT_MAX_SIDE) -> tuple[int, ...]:
