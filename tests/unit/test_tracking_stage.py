@@ -82,3 +82,20 @@ def test_without_candidates_from_post_processing_the_stage_passes_the_frame_on()
     router.route(SlotMeta(camera="gate", seq=0), dataclasses.replace(dets, confident=None), LABELS, 0.0, 0.0)
     (result,) = collect.results
     assert result.track_ids is None and "track_id" not in result.message["detections"][0]
+
+
+def test_frames_are_kept_for_best_shots_only_where_events_can_have_them():
+    from yoloedge.sources.frame import Frame
+    from yoloedge.tracking.types import TrackingConfig
+
+    keeper = FrameKeeper()
+    stage = TrackingStage(CountsStore(None), keeper, emit=lambda camera, batch: None)
+    image = np.zeros((48, 64, 3), np.uint8)
+    for seq, (name, config) in enumerate([
+            ("off", CameraConfig(name="off", url="synthetic://", tracking=TrackingConfig(enabled=False))),
+            ("noshots", CameraConfig(name="noshots", url="synthetic://", event_snapshots_mb=0)),
+            ("on", CameraConfig(name="on", url="synthetic://"))]):
+        sink = keeper.tap(name, lambda f, timeout: True)
+        stage.configure(config, LABELS)
+        sink(Frame(name, seq, image, 1.7e9, float(seq)), 1.0)
+        assert (keeper.find(name, seq, float(seq)) is not None) == (name == "on"), name
