@@ -241,7 +241,7 @@ def test_a_track_whose_label_changes_is_counted_under_its_new_label():
     ev.update(frames[2])  # crossed as a person
     assert ev.counts.line_payload("gate")["in"] == {"person": 1}
     for frame in frames[3:]:
-        relabelled = tuple(replace(t, label_id=CAR) for t in frame.tracks)
+        relabelled = tuple(t._replace(label_id=CAR) for t in frame.tracks)
         ev.update(replace(frame, tracks=relabelled))
     assert ev.counts.line_payload("gate")["in"] == {"person": 0, "car": 1}
     assert ev.counts.zone_payload("yard")["entered"] == {"person": 0, "car": 1}

@@ -10,7 +10,12 @@ typically are (`fps:`; the demo runs at 10). At 30 fps upstream's per-frame nois
 times the variance a second; on the demo clip that follows the detections' jitter and loses a
 half-hidden object's track that 10 fps keeps (the README's Tracking section has the figures).
 
-All arrays are batched: mean (n, 8), covariance (n, 8, 8). Boxes in and out are x1 y1 x2 y2.
+All arrays are batched: mean (n, 8) as (x, y, a, h, vx, vy, va, vh). The covariance is stored as
+(n, 3, 4): for each of x, y, a, h the variance of the value, its covariance with its velocity and
+the velocity's variance. Upstream's 8x8 matrix never holds anything else: it starts diagonal, the
+motion couples each value only with its own velocity, and the noise and the measurement's are
+diagonal, so the four 2x2 blocks stay independent and the filter is exact elementwise (several
+times faster than 8x8 matrix products for a frame of 20 tracks). Boxes in and out are x1 y1 x2 y2.
 """
 
 from __future__ import annotations
@@ -28,19 +33,23 @@ def xyxy_to_xyah(boxes: np.ndarray) -> np.ndarray:
     boxes = np.asarray(boxes, np.float64)
     w = boxes[:, 2] - boxes[:, 0]
     h = np.maximum(boxes[:, 3] - boxes[:, 1], _MIN_SIDE)
-    return np.stack(((boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2, w / h, h), axis=1)
+    out = np.empty((len(boxes), 4))
+    out[:, 0] = (boxes[:, 0] + boxes[:, 2]) / 2
+    out[:, 1] = (boxes[:, 1] + boxes[:, 3]) / 2
+    out[:, 2] = w / h
+    out[:, 3] = h
+    return out
 
 
 def xyah_to_xyxy(mean: np.ndarray) -> np.ndarray:
     h = np.maximum(mean[:, 3], _MIN_SIDE)
     w = np.maximum(mean[:, 2], _MIN_SIDE) * h
-    x, y = mean[:, 0], mean[:, 1]
-    return np.stack((x - w / 2, y - h / 2, x + w / 2, y + h / 2), axis=1)
-
-
-def _diagonal(cov: np.ndarray) -> np.ndarray:
-    """A writable (n, 8) view of the diagonals of a C-contiguous (n, 8, 8) covariance."""
-    return cov.reshape(len(cov), 64)[:, ::9]
+    out = np.empty((len(mean), 4))
+    out[:, 0] = mean[:, 0] - w / 2
+    out[:, 1] = mean[:, 1] - h / 2
+    out[:, 2] = out[:, 0] + w
+    out[:, 3] = out[:, 1] + h
+    return out
 
 
 def _stds(h: np.ndarray, position: float, aspect: float, velocity: float, velocity_aspect: float) -> np.ndarray:
@@ -57,8 +66,9 @@ def initiate(boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = len(z)
     mean = np.zeros((n, 8))
     mean[:, :4] = z
-    cov = np.zeros((n, 8, 8))
-    _diagonal(cov)[:] = _stds(z[:, 3], 2 * _POS, 1e-2, 10 * _VEL / REF_DT, 1e-5 / REF_DT) ** 2
+    var = _stds(z[:, 3], 2 * _POS, 1e-2, 10 * _VEL / REF_DT, 1e-5 / REF_DT) ** 2
+    cov = np.zeros((n, 3, 4))
+    cov[:, 0], cov[:, 2] = var[:, :4], var[:, 4:]
     return mean, cov
 
 
@@ -66,23 +76,27 @@ def predict(mean: np.ndarray, cov: np.ndarray, dt: float) -> None:
     """Step every track `dt` seconds ahead, in place."""
     if len(mean) == 0 or dt <= 0:
         return
-    steps = dt / REF_DT
-    noise = steps * _stds(mean[:, 3], _POS, 1e-2, _VEL / REF_DT, 1e-5 / REF_DT) ** 2  # from the old h
+    noise = (dt / REF_DT) * _stds(mean[:, 3], _POS, 1e-2, _VEL / REF_DT, 1e-5 / REF_DT) ** 2  # from the old h
     mean[:, :4] += dt * mean[:, 4:]
-    motion = np.eye(8)
-    motion[:4, 4:] = dt * np.eye(4)
-    cov[:] = motion @ cov @ motion.T
-    _diagonal(cov)[:] += noise
+    pp, pv, vv = cov[:, 0], cov[:, 1], cov[:, 2]  # views: written in place, pp first (it reads the old pv)
+    pp += dt * (2 * pv + dt * vv) + noise[:, :4]
+    pv += dt * vv
+    vv += noise[:, 4:]
 
 
 def update(mean: np.ndarray, cov: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The tracks corrected by one measured box each; returns new (mean, cov)."""
     z = xyxy_to_xyah(boxes)
-    s = cov[:, :4, :4].copy()
-    s.reshape(len(s), 16)[:, ::5] += (_stds(mean[:, 3], _POS, 1e-1, 0.0, 0.0)[:, :4]) ** 2
-    ph = cov[:, :, :4]                                        # P H^T, (n, 8, 4)
-    gain = np.linalg.solve(s, ph.transpose(0, 2, 1)).transpose(0, 2, 1)  # P H^T S^-1 (S symmetric)
+    pp, pv, vv = cov[:, 0], cov[:, 1], cov[:, 2]
+    s = pp + _stds(mean[:, 3], _POS, 1e-1, 0.0, 0.0)[:, :4] ** 2  # innovation variance, per value
+    gain_p, gain_v = pp / s, pv / s
     innovation = z - mean[:, :4]
-    new_mean = mean + np.einsum("nij,nj->ni", gain, innovation)
-    new_cov = cov - np.einsum("nij,nkj->nik", gain, ph)     # P - K S K^T = P - K (P H^T)^T
+    new_mean = np.empty_like(mean)
+    new_mean[:, :4] = mean[:, :4] + gain_p * innovation
+    new_mean[:, 4:] = mean[:, 4:] + gain_v * innovation
+    new_cov = np.empty_like(cov)
+    keep = 1 - gain_p
+    np.multiply(pp, keep, out=new_cov[:, 0])
+    np.multiply(pv, keep, out=new_cov[:, 1])
+    new_cov[:, 2] = vv - gain_v * pv
     return new_mean, new_cov

@@ -73,26 +73,43 @@ class _Track:
             self.label_id = class_id
 
 
+#: the smallest union of two boxes an IoU divides by (px^2)
+_TINY = 1e-12
+
+
+def _nonzero(mask: np.ndarray) -> np.ndarray:
+    """Indices where a 1-d mask is true (np.flatnonzero without its ravel: called ~10 times a frame)."""
+    return mask.nonzero()[0]
+
+
 def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """IoU of every box in a (n, 4) with every box in b (m, 4), x1 y1 x2 y2; 0 for empty unions."""
-    sides = np.minimum(a[:, None, 2:], b[None, :, 2:]) - np.maximum(a[:, None, :2], b[None, :, :2])
-    inter = np.maximum(sides, 0).prod(axis=2)
-    union = (a[:, 2:] - a[:, :2]).prod(axis=1)[:, None] + (b[:, 2:] - b[:, :2]).prod(axis=1)[None, :] - inter
-    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+    ax1, ay1, ax2, ay2 = (a[:, k:k + 1] for k in range(4))  # (n, 1) columns against (m,) rows
+    bx1, by1, bx2, by2 = b.T
+    inter = np.maximum(np.minimum(ax2, bx2) - np.maximum(ax1, bx1), 0)
+    inter *= np.maximum(np.minimum(ay2, by2) - np.maximum(ay1, by1), 0)
+    union = (ax2 - ax1) * (ay2 - ay1) + (bx2 - bx1) * (by2 - by1) - inter
+    return inter / np.maximum(union, _TINY)  # an empty union has no intersection: 0
 
 
-def duplicate_owners(boxes: np.ndarray, scores: np.ndarray, class_ids: np.ndarray) -> np.ndarray:
+def duplicate_owners(boxes: np.ndarray, scores: np.ndarray, class_ids: np.ndarray,
+                     overlap: np.ndarray | None = None) -> np.ndarray:
     """For each box, the index of the stronger box of another class it duplicates, else -1. A box
-    absorbed by another absorbs nothing itself (strongest first, so chains resolve to one owner)."""
+    absorbed by another absorbs nothing itself (strongest first, so chains resolve to one owner).
+    `overlap`: the boxes' IoU with each other, when already computed."""
     n = len(scores)
     owners = np.full(n, -1, np.intp)
     if n < 2:
         return owners
+    if overlap is None:
+        overlap = iou_matrix(boxes, boxes)
+    close = (overlap >= DUPLICATE_IOU) & (class_ids[:, None] != class_ids[None, :])
+    if not close.any():  # the usual frame: nothing to absorb
+        return owners
     order = np.argsort(-scores, kind="stable")
     rank = np.empty(n, np.intp)
     rank[order] = np.arange(n)
-    close = ((iou_matrix(boxes, boxes) >= DUPLICATE_IOU) & (class_ids[:, None] != class_ids[None, :])
-             & (rank[:, None] < rank[None, :]))       # close[i, j]: i is stronger and duplicates j
+    close &= rank[:, None] < rank[None, :]  # close[i, j]: i is stronger and duplicates j
     for j in order[close.any(axis=0)[order]]:
         for i in order[:rank[j]]:
             if close[i, j] and owners[i] < 0:
@@ -111,7 +128,7 @@ class Tracker:
         self._ids = ids if ids is not None else TrackIds()
         self._tracks: list[_Track] = []
         self._mean = np.zeros((0, 8))
-        self._cov = np.zeros((0, 8, 8))
+        self._cov = np.zeros((0, 3, 4))
         self._time: float | None = None
         self._size = (0, 0)
         self._first_frame = True  # the first update after start or end_all
@@ -137,28 +154,31 @@ class Tracker:
         class_ids = np.asarray(dets.class_ids).reshape(-1)
         usable = scores >= cfg.low_score
         owners = np.full(n_det, -1, np.intp)
-        used = np.flatnonzero(usable)
+        used = _nonzero(usable)
+        # one IoU call for both: every predicted track and every detection x every detection
+        n_tracks = len(self._tracks)
+        both = iou_matrix(np.concatenate((kalman.xyah_to_xyxy(self._mean), boxes)), boxes)
+        overlap = both[:n_tracks]
         if len(used) > 1:
-            owners[used] = np.where((sub := duplicate_owners(boxes[used], scores[used], class_ids[used])) >= 0,
-                                    used[sub], -1)
+            sub = duplicate_owners(boxes[used], scores[used], class_ids[used], both[n_tracks:][used][:, used])
+            owners[used] = np.where(sub >= 0, used[sub], -1)
         primary = usable & (owners < 0)
-        high = np.flatnonzero(primary & (scores >= cfg.high_score))
-        low = np.flatnonzero(primary & (scores < cfg.high_score))
+        high = _nonzero(primary & (scores >= cfg.high_score))
+        low = _nonzero(primary & (scores < cfg.high_score))
 
-        det_of_track = np.full(len(self._tracks), -1, np.intp)
-        overlap = iou_matrix(kalman.xyah_to_xyxy(self._mean), boxes)  # every track x every detection
+        det_of_track = np.full(n_tracks, -1, np.intp)
         states = [t.state for t in self._tracks]
         confirmed = np.array([s is not TrackState.TENTATIVE for s in states], bool)
         was_tracked = np.array([s is TrackState.TRACKED for s in states], bool)
 
         # 3. high-score detections, confirmed tracks (tracked and lost)
-        pool = np.flatnonzero(confirmed)
+        pool = _nonzero(confirmed)
         high = self._associate(pool, high, overlap, scores, cfg.match_thresh, True, det_of_track)
         # 4. low-score detections, confirmed tracks matched last frame and not in step 3
-        pool = np.flatnonzero(was_tracked & (det_of_track < 0))
+        pool = _nonzero(was_tracked & (det_of_track < 0))
         self._associate(pool, low, overlap, scores, 1.0 - SECOND_MATCH_IOU, False, det_of_track)
         # 5. the high-score detections left, tentative tracks
-        pool = np.flatnonzero(~confirmed)
+        pool = _nonzero(~confirmed)
         high = self._associate(pool, high, overlap, scores, TENTATIVE_MATCH_COST, True, det_of_track)
         new = high[scores[high] >= cfg.high_score + NEW_TRACK_MARGIN]
         return self._finish(time, boxes, scores, class_ids, owners, det_of_track, new)
@@ -177,7 +197,7 @@ class Tracker:
         candidates left unmatched. `overlap`: IoU of every predicted track with every detection."""
         if len(pool) == 0 or len(candidates) == 0:
             return candidates
-        similarity = overlap[np.ix_(pool, candidates)]
+        similarity = overlap[pool][:, candidates]
         if fuse:
             similarity *= scores[candidates][None, :]
         rows, cols = match(1.0 - similarity, thresh)
@@ -190,7 +210,7 @@ class Tracker:
                 class_ids: np.ndarray, owners: np.ndarray, det_of_track: np.ndarray,
                 new: np.ndarray) -> TrackFrame:
         """Apply the matches, start and end tracks, and describe the frame."""
-        matched = np.flatnonzero(det_of_track >= 0)
+        matched = _nonzero(det_of_track >= 0)
         if len(matched):
             self._mean[matched], self._cov[matched] = kalman.update(
                 self._mean[matched], self._cov[matched], boxes[det_of_track[matched]])
@@ -205,7 +225,7 @@ class Tracker:
                 self._matched(track, det, time, score_list, class_list, absorbed)
                 if self._confirm(track):
                     started.add(track.id or "")
-        ended = self._views([i for i in np.flatnonzero(~keep).tolist() if self._tracks[i].id is not None],
+        ended = self._views([i for i in _nonzero(~keep).tolist() if self._tracks[i].id is not None],
                             det_of_track, boxes, scores)
         self._drop(keep)
         det_of_track = det_of_track[keep]
@@ -302,12 +322,10 @@ class Tracker:
         if not hit.all():
             shown[~hit] = kalman.xyah_to_xyxy(self._mean[np.asarray(indices)[~hit]])
         score = np.where(hit, scores[np.maximum(dets, 0)] if len(scores) else 0.0, 0.0)
-        views = []
-        for index, box, value, det in zip(indices, shown.tolist(), score.tolist(), dets.tolist()):
-            track = self._tracks[index]
-            views.append(Track(track.id or "", track.label_id, (box[0], box[1], box[2], box[3]), value,
-                               track.top_score, track.start_time, track.last_time, det >= 0, det))
-        return views
+        tracks = self._tracks
+        return [Track(t.id or "", t.label_id, tuple(box), value, t.top_score, t.start_time, t.last_time, det >= 0, det)
+                for t, box, value, det in zip((tracks[i] for i in indices), shown.tolist(), score.tolist(),
+                                              dets.tolist())]
 
     def end_all(self, time: float) -> TrackFrame:
         """End every confirmed track (camera stopped, removed, shutdown); tentative ones vanish."""
@@ -315,7 +333,7 @@ class Tracker:
         ended = tuple(self._views(alive, np.full(len(self._tracks), -1, np.intp), np.zeros((0, 4)), np.zeros(0)))
         self._tracks = []
         self._mean = np.zeros((0, 8))
-        self._cov = np.zeros((0, 8, 8))
+        self._cov = np.zeros((0, 3, 4))
         self._first_frame = True
         width, height = self._size
         return TrackFrame(time, width, height, (), (), ended, ())
@@ -324,6 +342,6 @@ class Tracker:
 def _absorbed_by(owners: np.ndarray) -> dict[int, list[int]]:
     """owner detection -> the detections it absorbed."""
     absorbed: dict[int, list[int]] = {}
-    for det in np.flatnonzero(owners >= 0).tolist():
+    for det in _nonzero(owners >= 0).tolist():
         absorbed.setdefault(int(owners[det]), []).append(det)
     return absorbed
