@@ -368,3 +368,20 @@ def test_ctl_status_says_when_the_connection_keeps_being_taken_away():
     status["mqtt"]["unstable"] = True
     line = next(line for line in ctl.format_status(status).splitlines() if line.startswith("mqtt:"))
     assert line.startswith("mqtt: connected (UNSTABLE) to broker.local:1883;"), line
+
+
+def test_the_status_text_shows_each_cameras_zones_and_lines_by_label():
+    from yoloedge.control.statustext import format_status
+
+    status = {"daemon": {"state": "running"}, "cameras": [
+        {"name": "gate", "state": "streaming",
+         "zones": [{"name": "yard", "polygon": [[0, 0], [1, 0], [1, 1]], "objects": {"person": 2, "car": 0},
+                    "entered": {"person": 5, "car": 1}}],
+         "lines": [{"name": "drive", "points": [[0.5, 0], [0.5, 1]], "in": {"car": 3}, "out": {"car": 0}}]},
+        {"name": "door", "state": "streaming"}]}
+    text = format_status(status).splitlines()
+    start = text.index("zones and lines:")
+    rows = [line.split() for line in text[start + 2:start + 4]]
+    assert rows[0] == ["gate", "zone", "yard", "inside", "person", "2", "entered", "car", "1,", "person", "5"]
+    assert rows[1] == ["gate", "line", "drive", "in", "car", "3", "out", "-"]
+    assert "zones and lines:" not in format_status({"daemon": {}, "cameras": [{"name": "door"}]})

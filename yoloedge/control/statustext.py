@@ -87,6 +87,27 @@ def _camera_lines(cameras: list[dict]) -> list[str]:
     return format_table(headers, rows, right=(2, 3, 4, 5, 6, 7, 8, 9))
 
 
+def _labelled(counts: Any) -> str:
+    """{label: n} as "car 3, person 1" (labels with 0 left out; "-" for none)."""
+    if not isinstance(counts, dict):
+        return "-"
+    shown = [f"{label} {n}" for label, n in sorted(counts.items(), key=lambda kv: str(kv[0])) if n]
+    return ", ".join(shown) or "-"
+
+
+def _count_lines(cameras: list[dict]) -> list[str]:
+    """Each camera's zones (objects inside now, entered) and lines (in, out), by label."""
+    rows = []
+    for c in cameras:
+        for zone in c.get("zones") or ():
+            rows.append((cell(c.get("name")), "zone", cell(zone.get("name")),
+                         "inside " + _labelled(zone.get("objects")), "entered " + _labelled(zone.get("entered"))))
+        for line in c.get("lines") or ():
+            rows.append((cell(c.get("name")), "line", cell(line.get("name")),
+                         "in " + _labelled(line.get("in")), "out " + _labelled(line.get("out"))))
+    return format_table(("CAMERA", "KIND", "NAME", "NOW / IN", "TOTAL / OUT"), rows) if rows else []
+
+
 def _mqtt_line(mqtt: dict | None) -> str:
     if not mqtt:
         return "mqtt: -"
@@ -117,6 +138,9 @@ def format_status(status: dict) -> str:
     accelerators, cameras = status.get("accelerators") or [], status.get("cameras") or []
     lines += ["", "accelerators:"] + _indent(_accelerator_lines(accelerators) if accelerators else ["(none)"])
     lines += ["", "cameras:"] + _indent(_camera_lines(cameras) if cameras else ["(none)"])
+    counts = _count_lines(cameras)
+    if counts:
+        lines += ["", "zones and lines:"] + _indent(counts)
     lines += ["", _mqtt_line(status.get("mqtt"))]
     problems = daemon.get("problems") or []
     lines += [""] + (["problems:"] + [f"  - {p}" for p in problems] if problems else ["problems: none"])

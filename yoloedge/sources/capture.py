@@ -232,7 +232,24 @@ class Source:
         """Free the device/connection. Idempotent."""
 
 
-class OpenCvCapture(Source):
+class FillingSource(Source):
+    """A source whose retrieve() converts into the array it is given (`fills_buffers`): read() is
+    grab() and retrieve(), into the previous frame's array when `reuse_frame` is set. OpenCV's
+    captures and `pyav.PyAvSource`."""
+
+    fills_buffers = True
+
+    def read(self) -> np.ndarray | None:
+        """grab() and retrieve(), into the previous frame's array when `reuse_frame` is set."""
+        if not self.grab():
+            return None
+        image = self.retrieve(self._frame if self.reuse_frame else None)
+        if image is not None and self.reuse_frame:
+            self._frame = image
+        return image
+
+
+class OpenCvCapture(FillingSource):
     """What every cv2.VideoCapture source shares: `grab()` decodes (no conversion, no copy),
     `retrieve(out)` converts to BGR and copies into `out`.
 
@@ -244,17 +261,7 @@ class OpenCvCapture(Source):
     frame is converted to learn it.
     """
 
-    fills_buffers = True
     _cap: cv2.VideoCapture | None
-
-    def read(self) -> np.ndarray | None:
-        """grab() and retrieve(), into the previous frame's array when `reuse_frame` is set."""
-        if not self.grab():
-            return None
-        image = self.retrieve(self._frame if self.reuse_frame else None)
-        if image is not None and self.reuse_frame:
-            self._frame = image
-        return image
 
     def _grab_capture(self) -> bool:
         """cap.grab(); the frame converted to learn its size, held for retrieve(), is forgotten."""

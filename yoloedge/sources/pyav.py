@@ -39,8 +39,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..redact import redact_text, redact_url
-from .capture import (DEFAULT_DECODE_THREADS, Source, SourceError, SourceKind, UnsupportedSourceError, local_path,
-                      plausible_fps, source_kind)
+from .capture import (DEFAULT_DECODE_THREADS, FillingSource, SourceError, SourceKind, UnsupportedSourceError,
+                      local_path, plausible_fps, source_kind)
 from .gstlaunch import PYAV_HINT
 from .yuv import Colorimetry, I420Converter, Matrix, opencv_colorimetry, opencv_reads_tags, plane
 
@@ -112,7 +112,7 @@ def colour_managed(frame: Any) -> str | None:
     return f"HDR transfer function ({transfer})" if transfer else None
 
 
-class PyAvSource(Source):
+class PyAvSource(FillingSource):
     """A video file or an rtsp:// camera decoded by PyAV (module docstring).
 
     `grab()` decodes the next frame and holds it (the decoder's own picture, no copy);
@@ -121,7 +121,6 @@ class PyAvSource(Source):
     for `read_timeout_s` is an `error`.
     """
 
-    fills_buffers = True
 
     def __init__(self, url: str, *, camera: str | None = None, loop: bool = False, open_timeout_s: float = 10.0,
                  read_timeout_s: float = 10.0, decode_threads: int = DEFAULT_DECODE_THREADS):
@@ -210,15 +209,6 @@ class PyAvSource(Source):
         except (self._av.error.FFmpegError, TypeError, ValueError) as exc:
             self.error = f"{self.description}: a frame could not be converted: {ffmpeg_reason(exc)}"
             return None
-
-    def read(self) -> np.ndarray | None:
-        """grab() and retrieve(), into the previous frame's array when `reuse_frame` is set."""
-        if not self.grab():
-            return None
-        image = self.retrieve(self._frame if self.reuse_frame else None)
-        if image is not None and self.reuse_frame:
-            self._frame = image
-        return image
 
     def _next_frame(self) -> Any:
         """The next decoded frame, or None with `error` set, or at the end (the decoder drained)."""
