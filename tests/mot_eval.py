@@ -19,7 +19,8 @@ boxes x1 y1 x2 y2. Frame lists are aligned by position.
   minimum total 1 - IoU among pairs at IoU >= `iou`. A switch is a truth object matched to a
   different prediction id than the one it was last matched to.
 
-The optimal pairings use SciPy's linear_sum_assignment (a reference implementation, not ours).
+The optimal pairings use SciPy's linear_sum_assignment (a reference implementation, not ours);
+IoU is map_eval's, the mAP evaluator's (also written apart from yoloedge).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 import numpy as np
+
+from map_eval import iou_matrix as iou
 
 Box = Sequence[float]
 TruthFrame = Sequence[tuple[Hashable, Box, bool]]
@@ -44,18 +47,6 @@ class Scores:
     matches: int        # per-frame matches (CLEAR MOT)
     false_negatives: int
     false_positives: int
-
-
-def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = np.asarray(a, np.float64).reshape(-1, 4)
-    b = np.asarray(b, np.float64).reshape(-1, 4)
-    iw = np.clip(np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0]), 0, None)
-    ih = np.clip(np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1]), 0, None)
-    inter = iw * ih
-    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
-    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    union = area_a[:, None] + area_b[None, :] - inter
-    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
 
 
 def _assign(cost: np.ndarray) -> list[tuple[int, int]]:
