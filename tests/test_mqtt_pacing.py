@@ -183,6 +183,7 @@ class _HoldingBroker:
         self.host, self.port = HOST, self.sock.getsockname()[1]
         self.attempts = 0
         self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -196,17 +197,22 @@ class _HoldingBroker:
             if self.refuse:
                 conn.close()
                 continue
+            # held before the CONNACK goes out: once the client is connected, drop() reaches it
+            # (appended after, a drop() right after the client saw its CONNACK found nothing to
+            # close, and the client only noticed at its keepalive)
+            with self._lock:
+                self._conns.append(conn)
             try:
                 conn.recv(4096)
                 conn.sendall(CONNACK)
             except OSError:
                 continue
-            self._conns.append(conn)
 
     def drop(self) -> None:
-        for conn in self._conns:
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
             conn.close()
-        self._conns.clear()
 
     def close(self) -> None:
         self.sock.close()
