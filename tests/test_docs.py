@@ -91,7 +91,7 @@ def anchors(page: Path) -> frozenset[str]:
 
 def links(page: Path) -> list[str]:
     prose, _ = split_blocks(page.read_text(encoding="utf-8"))
-    found = []
+    found: list[str] = []
     for line in prose:
         # inline code is not a link, but a link's text may be inline code
         line = INLINE_CODE.sub(lambda m: "code" if "](" in m.group(2) else m.group(0), line)
@@ -122,6 +122,16 @@ def test_github_slug_follows_githubs_rules():
     assert github_slug("The GPU check (`scripts/gpu-check.sh`)") == "the-gpu-check-scriptsgpu-checksh"
     assert github_slug("ONNX → Ascend `.om` with ATC") == "onnx--ascend-om-with-atc"
     assert github_slug("Stages (`bench micro`, `bench model`)") == "stages-bench-micro-bench-model"
+
+
+def test_the_link_check_can_fail():
+    readme = REPO / "README.md"
+    assert link_problem(readme, "docs/how-it-works.md#signals-and-shutdown") is None
+    assert link_problem(readme, "https://example.com/nowhere") is None
+    assert "no such file" in link_problem(readme, "docs/nowhere.md")
+    assert "no heading with that anchor" in link_problem(readme, "docs/how-it-works.md#no-such-heading")
+    assert "no heading with that anchor" in link_problem(readme, "#no-such-heading")
+    assert "outside the repository" in link_problem(readme, "../elsewhere.md")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)
