@@ -33,7 +33,7 @@ class TrackingConfig:
     min_hits: int = 3        # detections (in a row) before a track is confirmed
     lost_s: float = 2.0      # a confirmed track not matched for this long (frame time) ends
     #: detections at least this confident are matched first, and may start tracks (ByteTrack's
-    #: track_thresh; 0.25 as in supervision and Ultralytics, see docs/integrations/tracking.md for why not 0.5).
+    #: track_thresh; 0.25 as in supervision and Ultralytics, see the README for why not 0.5).
     high_score: float = 0.25
     #: the lowest score used: detections from here up to `high_score` only keep existing tracks
     #: alive (ByteTrack's second association; 0.1 upstream).
