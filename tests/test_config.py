@@ -108,7 +108,7 @@ def test_minimal_config_takes_the_documented_defaults(tmp_path, model):
         accelerators=(AcceleratorConfig(name="onnxruntime0"),),  # no key: one ONNX Runtime CPU accelerator
         source=str(path),
     )
-    # The documented defaults, spelled out (README "Configuration" and etc/yoloedge/yoloedge.yaml):
+    # The documented defaults, spelled out (docs/configuration.md and etc/yoloedge/yoloedge.yaml):
     assert config.cameras == ()
     m = config.model
     assert (m.format, m.labels, m.conf, m.iou, m.max_det, m.agnostic_nms, m.classes, m.class_conf,

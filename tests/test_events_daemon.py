@@ -1,7 +1,7 @@
 """Tracking, zones, lines, events and counts through the real daemon, a real mosquitto and the demo
 model on the demo clip. The expected counts are computed here from the clip's ground truth
 (yoloedge/demo/clip_truth.json: every object's box and track in every frame), with the rules of
-README "Zones, lines and events" written out again, sharing no code with yoloedge.events.
+docs/integrations/zones-lines-events.md written out again, sharing no code with yoloedge.events.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """scripts/gpu-check.sh, run here on the test fakes: the script a GPU machine runs must itself work.
 
-On a GPU machine the same script runs the real libraries (see the README's "Tested on"); here
+On a GPU machine the same script runs the real libraries (see docs/hardware/tested-on.md); here
 `--fakes` puts the fake TensorRT, cuda-python and JPEG codecs in their place, so every part runs
 and must come out OK: the TensorRT backend against ONNX Runtime with no allocation after warm-up
 and nothing left at close, and both GPU JPEG decoders against cv2.

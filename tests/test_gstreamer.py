@@ -438,7 +438,7 @@ def test_hardware_preset_without_its_elements_fails_the_camera_clearly(media, gs
     assert "decoder: gstreamer" in reason and reader.stats()["reconnects"] == 0  # no retries: it cannot work
 
 
-# The launch strings are written out here, not built: they are what the README documents and
+# The launch strings are written out here, not built: they are what docs/hardware/video-decode.md documents and
 # what was run (the software ones by these tests, the hardware ones on their hardware by others).
 SINK_LIVE = "video/x-raw,format=I420 ! appsink name=yoloedge_sink max-buffers=2 drop=true sync=false"
 SINK_FILE = "video/x-raw,format=I420 ! appsink name=yoloedge_sink max-buffers=2 drop=false sync=false"

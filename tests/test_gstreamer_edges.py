@@ -120,7 +120,7 @@ def test_credential_properties_are_hidden_when_shown():
 
 
 def test_pipeline_password_from_the_environment_never_shown(rtsp_server, gst_modules, run_reader, tmp_path, caplog):
-    """The README's `${PASSWORD}` pattern, in a user-pw property: hidden in status, events and logs."""
+    """The docs' `${PASSWORD}` pattern, in a user-pw property: hidden in status, events and logs."""
     model = tmp_path / "model.onnx"
     model.write_bytes(b"not opened by the loader")
     launch = (f"rtspsrc location={rtsp_server.url()} user-id=viewer user-pw=${{CAM_PW}} protocols=tcp "

@@ -491,7 +491,7 @@ def _load_mqtt(tmp_path, mqtt_lines: str):
 def test_queue_bytes_and_spool_keys_load_and_default(tmp_path):
     config, _ = _load_mqtt(tmp_path, "  host: broker\n")
     assert (config.mqtt.queue_limit_bytes, config.mqtt.spool_dir, config.mqtt.spool_limit_bytes) == \
-        (64 * 1024 * 1024, None, 256 * 1024 * 1024)  # the README's documented defaults
+        (64 * 1024 * 1024, None, 256 * 1024 * 1024)  # the documented defaults (docs/configuration.md)
     config, path = _load_mqtt(tmp_path, "  queue_limit_bytes: 1048576\n  spool_dir: spool/mqtt\n"
                                         "  spool_limit_bytes: 2097152\n")
     assert config.mqtt.spool_dir == str(tmp_path / "spool" / "mqtt")  # relative to the file; creatable

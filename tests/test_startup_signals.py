@@ -6,7 +6,7 @@ a SIGTERM during start-up ends it cleanly (exit 0).
 
 The process is signalled from the moment its mask shows the signals blocked, i.e. from the first
 line of yoloedge; before that only the interpreter's own start-up runs, which no Python code can
-protect (see the README)."""
+protect (see docs/how-it-works.md, "Signals and shutdown")."""
 
 from __future__ import annotations
 

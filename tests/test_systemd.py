@@ -173,7 +173,8 @@ user root
 PRESET = "disable yoloedge.service\n"
 
 # Runs inside the container. Every observation goes to /out/<step>.*; check.log has the trace.
-# The prelude (shared by the checks): helpers, README's user and /etc/yoloedge, the broker.
+# The prelude (shared by the checks): helpers, the user and /etc/yoloedge of docs/operations/systemd.md,
+# the broker.
 PRELUDE = r"""#!/bin/bash
 set -u
 exec >>/out/check.log 2>&1
@@ -198,8 +199,8 @@ finish() {
     exit 0
 }
 
-# The user that README's install steps create (the container's /etc is empty; --user-group is
-# what Debian's login.defs adds to README's useradd line, and the container has no login.defs).
+# The user that the install steps of docs/operations/systemd.md create (the container's /etc is empty;
+# --user-group is what Debian's login.defs adds to their useradd line, and the container has no login.defs).
 useradd --system --user-group --home-dir /var/lib/yoloedge --shell /usr/sbin/nologin yoloedge
 usermod -aG yoloedge,video yoloedge
 id yoloedge >"$OUT/setup_user.txt" 2>&1
@@ -488,7 +489,7 @@ def test_unit_under_real_systemd(tmp_path, models, media):
         f"retained status after stop: {status!r}{obs.context()}"
     assert "stopped" in journal and "ready:" in journal, f"daemon log lines missing from the journal{obs.context()}"
     assert "but the mode is different" not in journal, \
-        f"the unit's *DirectoryMode= disagrees with the directories the README creates{obs.context()}"
+        f"the unit's *DirectoryMode= disagrees with the directories docs/operations/systemd.md creates{obs.context()}"
 
     # Logging target auto under systemd writes to the journal's native socket with our fields.
     entries = [json.loads(line) for line in obs.text("journal.json").splitlines() if line.startswith("{")]
@@ -549,7 +550,7 @@ systemctl stop yoloedge
 systemctl reset-failed yoloedge
 journalctl -u yoloedge --no-pager -o cat >"$OUT/a_journal.txt" 2>&1
 
-# b) README's one-time step; then the same unit starts the Ascend daemon
+# b) docs/hardware/ascend.md's one-time step; then the same unit starts the Ascend daemon
 @YOLOEDGE@ ascend-env --set-env "$SET_ENV" -o /etc/yoloedge/ascend.env >"$OUT/b_generate.txt" 2>&1
 echo "rc=$?" >"$OUT/b_generate.rc"
 cp /etc/yoloedge/ascend.env "$OUT/b_ascend.env"
@@ -565,7 +566,7 @@ timeout 60 systemctl stop yoloedge
 echo "rc=$?" >"$OUT/b_stop.rc"
 cp /var/lib/yoloedge/acl-report.json "$OUT/b_acl_report.json"
 
-# c) README's optional drop-in: the file is written again before each start
+# c) docs/hardware/ascend.md's optional drop-in: the file is written again before each start
 rm /etc/yoloedge/ascend.env
 install -d /etc/systemd/system/yoloedge.service.d
 install -m 0644 /ns/ascend-env.conf /etc/systemd/system/yoloedge.service.d/ascend-env.conf
@@ -582,12 +583,12 @@ finish complete
 """
 
 
-def readme_drop_in() -> str:
-    """The optional drop-in as README shows it, for this container's paths."""
-    readme = (REPO / "README.md").read_text()
+def docs_drop_in() -> str:
+    """The optional drop-in as docs/hardware/ascend.md shows it, for this container's paths."""
+    readme = (REPO / "docs" / "hardware" / "ascend.md").read_text()
     match = re.search(r"```ini\n(\[Service\]\nExecStartPre=\+/opt/yoloedge/bin/yoloedge ascend-env [^\n]*\n)```",
                       readme)
-    assert match, "README has no ExecStartPre= drop-in for `yoloedge ascend-env`"
+    assert match, "docs/hardware/ascend.md has no ExecStartPre= drop-in for `yoloedge ascend-env`"
     return (match.group(1).replace(SHIPPED_EXEC, str(VENV_YOLOEDGE))
             .replace("/usr/local/Ascend/ascend-toolkit/set_env.sh", "/ns/Ascend/ascend-toolkit/set_env.sh"))
 
@@ -602,7 +603,7 @@ def stand_in_cann(ns: Path, models: Path) -> None:
     (ns / "model.om").write_bytes(b"fake om: see the .fake.json next to it")
     (ns / "model.om.fake.json").write_text(json.dumps({"onnx": str(models / "yolov8n_coco_int8.onnx"), "batch": 1,
                                                        "aipp": False}))
-    (ns / "ascend-env.conf").write_text(readme_drop_in())
+    (ns / "ascend-env.conf").write_text(docs_drop_in())
     for folder, _dirs, files in os.walk(ns / "Ascend"):
         os.chmod(folder, 0o755)
         for name in files:
@@ -649,7 +650,7 @@ def test_an_ascend_daemon_starts_under_the_unit_with_cann_variables_from_ascend_
         f"the daemon did not run the stand-in pyACL: {report}{obs.context()}"
     assert report["calls"].get("acl.mdl.execute", 0) >= 1, report["calls"]
 
-    # c) README's drop-in: the file removed, written again by ExecStartPre=+, read for the daemon
+    # c) the docs' drop-in: the file removed, written again by ExecStartPre=+, read for the daemon
     assert obs.props("c_start.rc").get("rc") == "0", f"start with the ExecStartPre= drop-in failed{obs.context()}"
     c = obs.props("c_start.txt")
     assert (c.get("ActiveState"), c.get("SubState")) == ("active", "running"), f"{c}{obs.context()}"

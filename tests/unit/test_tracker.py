@@ -1,7 +1,7 @@
 """The tracker on synthetic detections: crossing objects, occlusion gaps, label flicker, duplicates
 under two labels, confirmation, the lost time in frame time, and the matching solver.
 
-Every expected value follows from the rules (README "Tracking"), not from running the code: ids
+Every expected value follows from the rules (docs/integrations/tracking.md), not from running the code: ids
 come from an injected TrackIds, times are given, and no clock is read.
 """
 

@@ -1,7 +1,7 @@
 """Micro- and model benchmarks: our stages side by side with plain OpenCV/NumPy, cv2.dnn,
 torchvision (when installed) and the bare ONNX Runtime session, measured in one run.
 
-Numbers are medians over `repeat` runs after a warm-up; they go into the README.
+Numbers are medians over `repeat` runs after a warm-up; they go into docs/benchmarks.md.
 """
 
 from __future__ import annotations

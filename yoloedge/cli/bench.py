@@ -1,4 +1,4 @@
-"""`yoloedge bench`: side-by-side timings (not tests) for the README."""
+"""`yoloedge bench`: side-by-side timings (not tests) for docs/benchmarks.md."""
 
 from __future__ import annotations
 

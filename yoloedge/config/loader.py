@@ -6,7 +6,7 @@ with its file:line. Loading is pure: it reads the config file, checks that refer
 camera, a device, a socket or the model itself, so
 `yoloedge check` and a SIGHUP reload can run it at any time.
 
-Decisions (see the README, Configuration):
+Decisions (see docs/operations/checking-config.md):
   * a section that is absent or null (`mqtt:` with everything commented out) takes its defaults;
   * `accelerators` absent or null means one ONNX Runtime accelerator on the CPU;
   * `cameras` may be empty: the daemon then idles;

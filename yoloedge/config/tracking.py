@@ -1,7 +1,7 @@
 """The `tracking:` section: defaults for every camera at the top level, overridden key by key by
 `cameras[].tracking`. Each camera's CameraConfig.tracking is the merged result.
 
-The keys follow ByteTrack's (see tracking/tracker.py and the README's Tracking section). A camera's
+The keys follow ByteTrack's (see tracking/tracker.py and docs/integrations/tracking.md). A camera's
 section is read on its own (types and bounds) and merged once the top level is known, so the order
 rule (low_score <= high_score) is checked on what the camera really gets.
 """

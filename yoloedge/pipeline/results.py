@@ -97,7 +97,7 @@ class FrameResult:
 
     @functools.cached_property
     def message(self) -> dict:
-        """The detections message (docs/mqtt.md), built once for every sink that needs it."""
+        """The detections message (docs/integrations/mqtt.md), built once for every sink that needs it."""
         message = detection_message(self.camera, self.seq, self.capture_time, self.detections,
                                     self.labels, self.model, (self.routed_mono - self.capture_mono) * 1000)
         if self.track_ids is not None:

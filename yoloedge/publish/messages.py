@@ -1,4 +1,4 @@
-"""Payloads of the MQTT messages the pipeline publishes (documented in docs/mqtt.md)."""
+"""Payloads of the MQTT messages the pipeline publishes (documented in docs/integrations/mqtt.md)."""
 
 from __future__ import annotations
 

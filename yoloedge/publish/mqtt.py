@@ -1,6 +1,6 @@
 """Publishes detections, camera states, stats and the device status to an MQTT broker.
 
-Design (the why behind the code below; docs/mqtt.md has the topics and payloads):
+Design (the why behind the code below; docs/integrations/mqtt.md has the topics and payloads):
 
 * Protocol MQTT 3.1.1 with a clean session. Every broker speaks it (mosquitto, EMQX, HiveMQ,
   cloud IoT brokers, the pure-Python amqtt used as a test fallback), and nothing here needs a

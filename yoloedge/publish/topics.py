@@ -1,6 +1,6 @@
-"""MQTT topic names, in one place so the daemon, the tests and docs/mqtt.md agree.
+"""MQTT topic names, in one place so the daemon, the tests and docs/integrations/mqtt.md agree.
 
-Layout (see docs/mqtt.md)::
+Layout (see docs/integrations/mqtt.md)::
 
     {prefix}/{device_id}/status                       retained, QoS 1
     {prefix}/{device_id}/cameras/{camera}/detections  QoS mqtt.qos

@@ -20,7 +20,7 @@ kept. A camera not wanted for `FREE_AFTER_S` frees its buffers.
 A kept frame is scaled down to fit SHOT_MAX_SIDE pixels on its long side (960x540 from 1080p or
 4K), enough for an event's picture: full 1080p copies cost a camera up to 18.7 MB while objects
 are in view, 1280x720 ones still 4.6 MB per camera measured (`bench memory`, 8 cameras), against
-the 20-30 MB a decoded 1080p camera costs in all (README "Memory per camera").
+the 20-30 MB a decoded 1080p camera costs in all (docs/benchmarks.md, "Memory per camera").
 
 Memory: up to `depth` pictures per camera while objects are in view (1.6 MB each from 1080p;
 usually one or two are in flight at once), none otherwise.

@@ -1,7 +1,7 @@
 """Tracking: ByteTrack per camera, turning each frame's detections into tracks with ids.
 
 `Tracker.update(detections, frame_time)` -> `TrackFrame` (types.py: the seam with events and the
-router). See tracker.py for the algorithm and README "Tracking" for the keys.
+router). See tracker.py for the algorithm and docs/integrations/tracking.md for the rules.
 
 `Tracker` is imported on first use: the config schema imports `types` from here, and must not load
 NumPy and OpenCV (through post-processing) for `yoloedge-ctl` or `yoloedge check`.

@@ -8,7 +8,7 @@ noise per frame whatever the rate, so its filter changes with the frame rate; he
 REF_DT says at which rate the two agree: 0.1 s, a camera sampled at 10 fps, as edge cameras
 typically are (`fps:`; the demo runs at 10). At 30 fps upstream's per-frame noise adds up to three
 times the variance a second; on the demo clip that follows the detections' jitter and loses a
-half-hidden object's track that 10 fps keeps (the README's Tracking section has the figures).
+half-hidden object's track that 10 fps keeps (docs/integrations/tracking.md has the figures).
 
 All arrays are batched: mean (n, 8) as (x, y, a, h, vx, vy, va, vh). The covariance is stored as
 (n, 3, 4): for each of x, y, a, h the variance of the value, its covariance with its velocity and
