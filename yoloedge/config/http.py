@@ -8,7 +8,7 @@ the loader never resolves names, and whether a listener is loopback must be know
 
 `allowed_hosts` names the Host headers answered besides loopback names and the listen address
 (DNS rebinding, see `web.access`): names and addresses, no ports, compared as `web.access`
-compares them, so what is checked here is what is matched there.
+compares them (`normal_host`, here), so what is checked here is what is matched there.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import ipaddress
 import re
 from typing import Any
 
-from ..web.access import normal_host
 from .fields import INVALID, Boolean, Context, Text, read_fields, sequence_or_report
 from .schema import HttpConfig
 from .yamltree import Item
@@ -26,6 +25,7 @@ LISTEN_EXAMPLE = "e.g. listen: 127.0.0.1:8480, '[::1]:8480', or null to turn the
 ALLOWED_HOSTS_EXAMPLE = "e.g. allowed_hosts: [edge1.lan, 192.0.2.7]"
 #: the most names `allowed_hosts` takes: a box is reached by a few names, not by hundreds
 MAX_ALLOWED_HOSTS = 64
+_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 _LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]+)):(?P<port>[0-9]{1,5})")
 
 
@@ -108,3 +108,27 @@ def _is_address(host: str, v6: bool) -> bool:
 
 def is_loopback(host: str) -> bool:
     return host == "localhost" or ipaddress.ip_address(host).is_loopback
+
+
+def normal_host(text: str) -> str | None:
+    """A host without a port (`name`, `192.0.2.7`, `::1`, `[::1]`) as `web.access` compares it, or None
+    when it is not one."""
+    if text.startswith("[") and text.endswith("]"):
+        return normal_ipv6(text[1:-1])
+    return normal_ipv6(text) if ":" in text else normal_name(text)
+
+
+def normal_ipv6(text: str) -> str | None:
+    """An IPv6 address in its compressed form, or None when it is not one."""
+    try:
+        return ipaddress.IPv6Address(text).compressed
+    except ValueError:
+        return None
+
+
+def normal_name(name: str) -> str | None:
+    """A host name or IPv4 address as `web.access` compares it, or None when it is neither."""
+    name = name[:-1] if name.endswith(".") else name
+    if len(name) > 253 or not _NAME.fullmatch(name) or ".." in name:
+        return None
+    return name.lower()

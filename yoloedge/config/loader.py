@@ -24,10 +24,8 @@ import re
 import stat
 from typing import Any, Mapping
 
-from ..control.location import daemon_socket
 from ..files import FileProblem, file_type, read_bounded
 from ..model.labels import MAX_CLASSES, MAX_LABELS_BYTES
-from ..postprocess.layouts import FORMATS
 from ..redact import SECRETS
 from ..spooldir import directory_problem as spool_directory_problem
 from .accelerators import check_model_file_kind, default_accelerators, read_accelerators
@@ -37,9 +35,10 @@ from .fields import (INVALID, MAX_NAME_BYTES, MAX_TEXT_BYTES, Boolean, Choice, C
                      Text, is_number, is_whole, mapping_or_report, range_order_ok, read_fields, read_string_list,
                      sequence_or_report, show, topic_safe)
 from .http import read_http
-from .model import ModelConfig
-from ..tracking.types import TrackingConfig
-from .schema import Config, ControlConfig, HealthConfig, HomeAssistantConfig, LoggingConfig, MqttConfig, TlsConfig
+from .location import daemon_socket
+from .model import FORMATS, ModelConfig
+from .schema import (Config, ControlConfig, HealthConfig, HomeAssistantConfig, LoggingConfig, MqttConfig, TlsConfig,
+                     TrackingConfig)
 from .tls import TlsMaterialError, client_context
 from .tracking import merge_cameras as merge_camera_tracking
 from .tracking import read_tracking
@@ -82,7 +81,7 @@ def load_config(path: str, environ: Mapping[str, str]) -> Config:
 
 
 def with_default_socket(config: Config, root: Item | None, environ: Mapping[str, str]) -> Config:
-    """`config` with the socket `control.location.daemon_socket` picks where the file does not set
+    """`config` with the socket `config.location.daemon_socket` picks where the file does not set
     `control.socket`: a normal user's daemon cannot create the system one."""
     control = root.value.get("control") if root is not None and isinstance(root.value, dict) else None
     if control is not None and isinstance(control.value, dict) and "socket" in control.value:

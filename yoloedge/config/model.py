@@ -6,6 +6,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+#: the output layouts `model.format` names (`postprocess.layouts` decodes each).
+FORMATS = ("v5", "v8", "e2e", "yolox", "raw", "raw_v8")
+
 #: `provider` setting -> ONNX Runtime execution provider name.
 PROVIDERS: dict[str, str] = {
     "cpu": "CPUExecutionProvider",

@@ -1,20 +1,89 @@
 """The daemon's typed configuration. Built once by `config.loader` and passed down; immutable.
 
 Defaults here are the documented defaults; `etc/yoloedge/yoloedge.yaml` explains every key.
+
+Coordinates of zones and lines are fractions of the frame's width and height (x right, y down), so
+a zone drawn on a snapshot survives a change of the camera's resolution.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Mapping
 
-from ..events.types import LineConfig, PublishMode, ZoneConfig
-from ..tracking.types import TrackingConfig
 from .catalogue import BACKEND_NAMES
 from .model import ModelConfig, OnnxRuntimeConfig
 
 #: the built-in backends (`config.catalogue` describes each).
 BACKENDS = BACKEND_NAMES
+
+Point = tuple[float, float]
+
+
+class Anchor(str, Enum):
+    """The point of a box that is in a zone or crosses a line: where an object stands on the
+    ground (the bottom centre) unless the zone or line asks for the box's centre."""
+
+    BOTTOM_CENTER = "bottom_center"
+    CENTER = "center"
+
+
+class PublishMode(str, Enum):
+    """What a camera publishes on MQTT: per-frame detections, events (and counts), or both."""
+
+    EVENTS = "events"
+    DETECTIONS = "detections"
+    BOTH = "both"
+
+    @property
+    def detections(self) -> bool:
+        return self is not PublishMode.EVENTS
+
+    @property
+    def events(self) -> bool:
+        return self is not PublishMode.DETECTIONS
+
+
+#: zone `inertia` when the config gives none: frames inside (and outside) before a track enters
+#: (leaves) the zone.
+DEFAULT_INERTIA = 3
+
+
+@dataclass(frozen=True)
+class ZoneConfig:
+    name: str
+    polygon: tuple[Point, ...]
+    objects: tuple[str, ...] | None = None  # labels that count; None: every label
+    inertia: int = DEFAULT_INERTIA
+    anchor: Anchor = Anchor.BOTTOM_CENTER
+
+
+@dataclass(frozen=True)
+class LineConfig:
+    name: str
+    points: tuple[Point, Point]  # A, B
+    objects: tuple[str, ...] | None = None
+    anchor: Anchor = Anchor.BOTTOM_CENTER
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """One camera's tracking (`tracking:` at the top level, overridden key by key per camera)."""
+
+    enabled: bool = True
+    min_hits: int = 3        # detections (in a row) before a track is confirmed
+    lost_s: float = 2.0      # a confirmed track not matched for this long (frame time) ends
+    #: detections at least this confident are matched first, and may start tracks (ByteTrack's
+    #: track_thresh; 0.25 as in supervision and Ultralytics, see the README for why not 0.5).
+    high_score: float = 0.25
+    #: the lowest score used: detections from here up to `high_score` only keep existing tracks
+    #: alive (ByteTrack's second association; 0.1 upstream).
+    low_score: float = 0.1
+    #: first association: a high-score detection matches a track at cost 1 - IoU x score at most
+    #: this (ByteTrack's match_thresh, 0.8 upstream).
+    match_thresh: float = 0.8
+
 
 
 @dataclass(frozen=True)

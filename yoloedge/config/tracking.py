@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..tracking.types import TrackingConfig
 from .fields import INVALID, Boolean, Context, Integer, Number, Reader, mapping_or_report, read_fields
-from .schema import CameraConfig
+from .schema import CameraConfig, TrackingConfig
 from .yamltree import Item
 
 #: the longest lost time (an hour: far past any real occlusion) and the most hits to confirm.

@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..errors import ModelError
-from ..events.geometry import polygon_problem
-from ..events.types import DEFAULT_INERTIA, Anchor, LineConfig, PublishMode, ZoneConfig
 from ..model.labels import MAX_CLASSES, read_labels_file
 from .fields import (INVALID, MAX_NAME_BYTES, Choice, Context, Integer, Reader, Text, did_you_mean, is_number,
                      read_fields, read_string_list, report_duplicate_names, sequence_or_report)
 from .model import ModelConfig
+from .polygon import polygon_problem
+from .schema import DEFAULT_INERTIA, Anchor, LineConfig, PublishMode, ZoneConfig
 from .yamltree import Item
 
 #: most zones, and most lines, per camera; every one is tested against every track each frame.
