@@ -17,7 +17,7 @@ import ipaddress
 import re
 from typing import Any
 
-from .fields import INVALID, Boolean, Context, Text, read_fields, sequence_or_report
+from .fields import INVALID, Boolean, Context, Key, Text, read_fields, sequence_or_report
 from .schema import HttpConfig
 from .yamltree import Item
 
@@ -32,13 +32,7 @@ _LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]+)):(?P<po
 def read_http(ctx: Context, item: Item) -> Any:
     if item.value is None:
         return HttpConfig(listen=None)
-    values = read_fields(ctx, item, {
-        "listen": read_listen,
-        "allow_remote": Boolean(),
-        "allowed_hosts": read_allowed_hosts,
-        "username": Text(optional=True),
-        "password": Text(optional=True, secret=True),
-    })
+    values = read_fields(ctx, item, HTTP_FIELDS)
     if values is None:
         return INVALID
     entries = item.value
@@ -132,3 +126,23 @@ def normal_name(name: str) -> str | None:
     if len(name) > 253 or not _NAME.fullmatch(name) or ".." in name:
         return None
     return name.lower()
+
+
+#: the keys of `http:`: reader and meaning (see `fields.Key`).
+HTTP_FIELDS: dict[str, Key] = {
+    "listen": Key(read_listen,
+                  "where `/metrics` and `/api/status` are served; null: off",
+                  type="`HOST:PORT` (an IP address or `localhost`; IPv6 in brackets) or null",
+                  default="`127.0.0.1:8480`"),
+    "allow_remote": Key(Boolean(),
+                        "must be `true` for a `listen` that is not loopback (`0.0.0.0:8480`)"),
+    "allowed_hosts": Key(read_allowed_hosts,
+                         "`Host` names answered besides loopback ones (`localhost`, `*.localhost`, `127.x.x.x`, "
+                         "`[::1]`) and the listen address; any other gets 421. Empty: loopback only, or any name "
+                         "under `allow_remote`",
+                         type="list of host names or IP addresses (no ports; at most 64), or null"),
+    "username": Key(Text(optional=True),
+                    "basic auth user; needs `http.password`"),
+    "password": Key(Text(optional=True, secret=True),
+                    "basic auth password; never logged or shown in status"),
+}
