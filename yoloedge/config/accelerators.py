@@ -55,7 +55,7 @@ COMMON_FIELDS: dict[str, Key] = {
                 default="`<backend><index>`, e.g. `onnxruntime0`"),
     "devices": Key(read_devices,
                    "device indices, one worker each",
-                   type="1 to 64 distinct integers 0..1023"),
+                   type=f"1 to {MAX_DEVICES} distinct integers 0..{MAX_DEVICE_INDEX}"),
     "batch": Key(Integer(ge=1, le=MAX_BATCH, example=4),
                  "most frames per inference"),
     "batch_timeout_ms": Key(Number(ge=0, le=MAX_BATCH_TIMEOUT_MS, example=10),

@@ -26,7 +26,7 @@ from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Choice, Context, Key, Int
 from .schema import AcceleratorConfig, CameraConfig
 from .tracking import read_camera_tracking
 from .yamltree import Item
-from .zones import objects_in_classes_ok, read_lines, read_publish, read_zones, zone_names_ok
+from .zones import MAX_ZONES, objects_in_classes_ok, read_lines, read_publish, read_zones, zone_names_ok
 
 NETWORK_SCHEMES = ("rtsp", "rtsps", "http", "https")
 SYNTHETIC_SCHEME = "synthetic"
@@ -163,7 +163,7 @@ CAMERA_FIELDS: dict[str, Key] = {
     "url": Key(read_camera_url,
                "`rtsp://`, `rtsps://`, `http://`/`https://` (MJPEG), `file:///path`, `/dev/videoN`, a video file, a"
                " folder of images, or `synthetic://WIDTHxHEIGHT?fps=F[&image=PATH]` (below)",
-               type="string, <= 8192 bytes",
+               type=f"string, <= {MAX_URL_BYTES} bytes",
                default="required unless `pipeline`"),
     "enabled": Key(Boolean(),
                    "false: configured but not started"),
@@ -195,7 +195,7 @@ CAMERA_FIELDS: dict[str, Key] = {
                    type="`opencv`, `pyav`, `gstreamer`, `jetson`, `vaapi`, `nvidia`, `auto`"),
     "pipeline": Key(lambda ctx, item: read_camera_pipeline(ctx, item),
                     "a GStreamer launch string ending in an `appsink`, instead of `url` (below)",
-                    type="string, <= 8192 bytes"),
+                    type=f"string, <= {MAX_URL_BYTES} bytes"),
     "backoff_initial_s": Key(Number(gt=0, le=MAX_WAIT_S, example=1),
                              "first reconnect delay"),
     "backoff_max_s": Key(Number(gt=0, le=MAX_WAIT_S, example=30),
@@ -216,10 +216,10 @@ CAMERA_FIELDS: dict[str, Key] = {
                        "accelerator name; null: the first"),
     "zones": Key(read_zones,
                  "polygons whose tracks are counted and reported in events",
-                 type="list of zones (below), at most 100"),
+                 type=f"list of zones (below), at most {MAX_ZONES}"),
     "lines": Key(read_lines,
                  "counting lines: crossings in and out by label",
-                 type="list of lines (below), at most 100"),
+                 type=f"list of lines (below), at most {MAX_ZONES}"),
     "publish": Key(read_publish,
                    "what goes to MQTT: per-frame detections, events and counts, or both",
                    type="`events`, `detections`, `both`"),

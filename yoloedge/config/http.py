@@ -140,7 +140,7 @@ HTTP_FIELDS: dict[str, Key] = {
                          "`Host` names answered besides loopback ones (`localhost`, `*.localhost`, `127.x.x.x`, "
                          "`[::1]`) and the listen address; any other gets 421. Empty: loopback only, or any name "
                          "under `allow_remote`",
-                         type="list of host names or IP addresses (no ports; at most 64), or null"),
+                         type=f"list of host names or IP addresses (no ports; at most {MAX_ALLOWED_HOSTS}), or null"),
     "username": Key(Text(optional=True),
                     "basic auth user; needs `http.password`"),
     "password": Key(Text(optional=True, secret=True),

@@ -499,7 +499,7 @@ MODEL_FIELDS: dict[str, Key] = {
     "labels": Key(read_labels,
                   "labels file (one per line, or YAML with `names:`) or the labels; null: model metadata, else "
                   "COCO-80 / `class0..N`",
-                  type="path (a regular file <= 1 MiB), list of strings, or null"),
+                  type=f"path (a regular file <= {MAX_LABELS_BYTES // 1024 // 1024} MiB), list of strings, or null"),
     "conf": Key(Number(ge=0, le=1, example=0.25),
                 "minimum score"),
     "iou": Key(Number(ge=0, le=1, example=0.45),
@@ -516,7 +516,7 @@ MODEL_FIELDS: dict[str, Key] = {
                       type="mapping label/id -> number 0..1"),
     "imgsz": Key(read_imgsz,
                  "input size for dynamic-axis models",
-                 type="N, [H, W] (1..8192), or null"),
+                 type=f"N, [H, W] (1..{MAX_IMGSZ}), or null"),
     "anchors": Key(read_anchors,
                    "raw-head anchors, one list per head; null: YOLOv5's",
                    type="list of w,h lists, or null"),
@@ -547,7 +547,7 @@ MQTT_FIELDS: dict[str, Key] = {
                type="null/false, true, or mapping"),
     "topic_prefix": Key(read_topic_prefix,
                         "first topic level(s); `/`-separated, no `+`, `#`, empty levels or leading `$`",
-                        type="string, <= 256 bytes"),
+                        type=f"string, <= {MAX_TOPIC_PREFIX_BYTES} bytes"),
     "qos": Key(Integer(ge=0, le=2, example=1),
                "MQTT quality of service of the messages published"),
     "client_id": Key(Text(optional=True, max_bytes=MAX_NAME_BYTES),
@@ -626,7 +626,7 @@ CONTROL_FIELDS: dict[str, Key] = {
                   "`yoloedge-ctl` Unix socket; a file in its place that is not a socket is an error. Not set: a "
                   "daemon that cannot create `/run/yoloedge` (a normal user's) uses "
                   "`$XDG_RUNTIME_DIR/yoloedge/control.sock`; set explicitly, the path is used as is",
-                  type="absolute path, <= 107 bytes"),
+                  type=f"absolute path, <= {UNIX_SOCKET_PATH_MAX} bytes"),
     "mode": Key(read_mode,
                 "socket permissions (`660` without the 0 is refused: YAML reads it as decimal)",
                 type="octal with leading 0",

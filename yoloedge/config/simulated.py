@@ -60,7 +60,7 @@ def read_device_ms(ctx: Context, item: Item) -> Any:
 SIMULATED_FIELDS: dict[str, Key] = {
     "device_ms": Key(read_device_ms,
                      "one inference of n frames takes base + per_frame x n milliseconds",
-                     type="`[base, per_frame]` or one number, ms 0..60000",
+                     type=f"`[base, per_frame]` or one number, ms 0..{MAX_DEVICE_MS}",
                      default="`[4, 2]`"),
     "image": Key(FilePath(optional=True),
                  "the image whose real outputs every inference returns; null: a grey frame (few detections, so "

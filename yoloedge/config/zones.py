@@ -92,7 +92,7 @@ ZONE_FIELDS: dict[str, Key] = {
                 default="required, unique among the camera's zones and lines"),
     "polygon": Key(read_polygon,
                    "the zone's outline: distinct points, not intersecting itself",
-                   type="3 to 100 points `[x, y]`, each 0..1",
+                   type=f"3 to {MAX_POLYGON_POINTS} points `[x, y]`, each 0..1",
                    default="required"),
     "objects": Key(read_objects,
                    "count only these labels; null: every label. They must be in the camera's `classes` when it has "
