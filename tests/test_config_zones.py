@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from yoloedge.config.schema import CameraConfig
-from yoloedge.events import Anchor, LineConfig, PublishMode, ZoneConfig
+from yoloedge.config.schema import Anchor, LineConfig, PublishMode, ZoneConfig
 
 from test_config import errors, load, run_check, write
 

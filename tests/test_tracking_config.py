@@ -10,7 +10,7 @@ import pytest
 
 from yoloedge.config.errors import ConfigError
 from yoloedge.config.loader import load_config
-from yoloedge.tracking import TrackingConfig
+from yoloedge.config.schema import TrackingConfig
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -24,7 +24,8 @@ from mot_eval import Scores, evaluate
 from yoloedge.config import ModelConfig
 from yoloedge.demo import LABELS, MODEL, TRUTH, clip_path
 from yoloedge.postprocess import Detections
-from yoloedge.tracking import Tracker, TrackIds, TrackingConfig
+from yoloedge.config.schema import TrackingConfig
+from yoloedge.tracking import Tracker, TrackIds
 
 pytest.importorskip("scipy", reason="scipy (the dev extra) computes the MOT scores' optimal pairings")
 

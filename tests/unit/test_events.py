@@ -12,9 +12,10 @@ import os
 import numpy as np
 import pytest
 
-from yoloedge.events import (Anchor, CameraEvents, CountKind, CountsState, CountsStore, LineConfig, UnknownCounts,
-                             ZoneConfig)
-from yoloedge.events.geometry import anchor_points, meets_segment, points_in_polygon, polygon_problem
+from yoloedge.config.polygon import polygon_problem
+from yoloedge.config.schema import Anchor, LineConfig, ZoneConfig
+from yoloedge.events import CameraEvents, CountKind, CountsState, CountsStore, UnknownCounts
+from yoloedge.events.geometry import anchor_points, meets_segment, points_in_polygon
 from yoloedge.tracking.types import Track, TrackFrame
 
 W, H = 1000, 500  # the frame; an anchor at fraction (x, y) is pixel (1000x, 500y)

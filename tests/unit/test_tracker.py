@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from yoloedge.postprocess import Detections
-from yoloedge.tracking import Tracker, TrackIds, TrackingConfig
+from yoloedge.config.schema import TrackingConfig
+from yoloedge.tracking import Tracker, TrackIds
 from yoloedge.tracking.assignment import match, solve
 from yoloedge.tracking.ids import base36
 

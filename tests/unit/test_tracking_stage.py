@@ -9,7 +9,8 @@ import dataclasses
 import numpy as np
 
 from yoloedge.config.schema import CameraConfig
-from yoloedge.events import CountsStore, LineConfig
+from yoloedge.config.schema import LineConfig
+from yoloedge.events import CountsStore
 from yoloedge.pipeline.cameras import CameraRuntime
 from yoloedge.pipeline.results import FrameResult, ResultRouter, Sink
 from yoloedge.pipeline.slots import SlotMeta
@@ -86,7 +87,7 @@ def test_without_candidates_from_post_processing_the_stage_passes_the_frame_on()
 
 def test_frames_are_kept_for_best_shots_only_where_events_can_have_them():
     from yoloedge.sources.frame import Frame
-    from yoloedge.tracking.types import TrackingConfig
+    from yoloedge.config.schema import TrackingConfig
 
     keeper = FrameKeeper()
     stage = TrackingStage(CountsStore(None), keeper, emit=lambda camera, batch: None)

@@ -190,7 +190,8 @@ def bench_tracking(repeat: int, objects: int = 20) -> list[Timing]:
     match nothing), in the steady state: every track confirmed and matched, moving a little each
     frame at 10 fps."""
     from ..postprocess import Detections
-    from ..tracking import Tracker, TrackIds, TrackingConfig
+    from ..config.schema import TrackingConfig
+    from ..tracking import Tracker, TrackIds
 
     rng = np.random.default_rng(0)
     start = rng.uniform(0, 1700, (objects, 2))

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from .catalogue import BACKEND_NAMES, CATALOGUE, PLUGIN_OPTIONS_KEY, owner_of_key
-from .fields import (INVALID, MAX_NAME_BYTES, Context, Integer, Number, Reader, Text, did_you_mean,
+from .fields import (INVALID, MAX_NAME_BYTES, Context, Key, Integer, Number, Text, did_you_mean,
                      mapping_or_report, plain, read_present, report_duplicate_names, report_unknown_keys,
                      sequence_or_report)
 from .schema import AcceleratorConfig
@@ -49,16 +49,31 @@ def read_devices(ctx: Context, item: Item) -> Any:
 
 
 #: keys every accelerator may have (`backend` is read first: it decides which others apply).
-COMMON_FIELDS: dict[str, Reader] = {
-    "name": Text(topic_safe=True, max_bytes=MAX_NAME_BYTES),
-    "devices": read_devices,
-    "batch": Integer(ge=1, le=MAX_BATCH, example=4),
-    "batch_timeout_ms": Number(ge=0, le=MAX_BATCH_TIMEOUT_MS, example=10),
-    "inference_timeout_s": Number(gt=0, le=MAX_INFERENCE_TIMEOUT_S, example=10),
-    "max_consecutive_errors": Integer(ge=1, le=MAX_ERRORS, example=5),
-    "input_buffers": Integer(ge=2, le=8, example=2),
-    "preprocess_threads": Integer(ge=0, le=64, example=2),
-    "post_threads": Integer(ge=0, le=64, example=2),
+COMMON_FIELDS: dict[str, Key] = {
+    "name": Key(Text(topic_safe=True, max_bytes=MAX_NAME_BYTES),
+                "referenced by `camera.accelerator`, status, logs",
+                default="`<backend><index>`, e.g. `onnxruntime0`"),
+    "devices": Key(read_devices,
+                   "device indices, one worker each",
+                   type=f"1 to {MAX_DEVICES} distinct integers 0..{MAX_DEVICE_INDEX}"),
+    "batch": Key(Integer(ge=1, le=MAX_BATCH, example=4),
+                 "most frames per inference"),
+    "batch_timeout_ms": Key(Number(ge=0, le=MAX_BATCH_TIMEOUT_MS, example=10),
+                            "how long a partial batch waits"),
+    "inference_timeout_s": Key(Number(gt=0, le=MAX_INFERENCE_TIMEOUT_S, example=10),
+                               "longer: the call is abandoned and the device opened again (opening a device is not "
+                               "bound by it)"),
+    "max_consecutive_errors": Key(Integer(ge=1, le=MAX_ERRORS, example=5),
+                                  "failures in a row before the device is opened again"),
+    "input_buffers": Key(Integer(ge=2, le=8, example=2),
+                         "input buffers (of `batch` frames) per device: the next batch is letterboxed into one "
+                         "while the device runs another"),
+    "preprocess_threads": Key(Integer(ge=0, le=64, example=2),
+                              "threads finishing the letterbox into the input buffers; 0: one per CPU core, at most"
+                              " 4"),
+    "post_threads": Key(Integer(ge=0, le=64, example=2),
+                        "most decode + NMS + publish threads (the pool starts with one and grows while batches "
+                        "wait); 0: one per core, at most 4"),
 }
 #: every key an accelerator may have: the common ones, each backend's settings keys, plugin options.
 ALL_KEYS = ("backend", *COMMON_FIELDS, *(key for entry in CATALOGUE.values() for key in entry.settings_keys),
@@ -174,3 +189,21 @@ def _conversion_hint(backend: str) -> str:
     if backend == "ascend":
         return "convert the model with `yoloedge convert atc` and point model.path at the .om"
     return f"point model.path at a {'/'.join(CATALOGUE[backend].model_suffixes)} file"
+
+
+#: the keys that pick an accelerator's backend and hold its own settings: `read_accelerator` reads
+#: `backend` first, each backend's catalogue entry its section, `read_plugin_options` `options`.
+#: Declared here for the reference (docs/configuration.md), with the common and ONNX Runtime keys.
+BACKEND_FIELDS: dict[str, Key] = {
+    "backend": Key(read_backend,
+                   "runtime; a dotted `module:Class` loads a custom backend; `simulated`: no device, see below",
+                   type="`onnxruntime` `ascend` `tensorrt` `simulated` or `package.module:Class`"),
+    "ascend": Key(None, "settings of the Ascend backend, see below (only with `backend: ascend`)",
+                  type="mapping", default="`{}`"),
+    "simulated": Key(None, "settings of the simulated device, see below (only with `backend: simulated`)",
+                     type="mapping", default="`{}`"),
+    "tensorrt": Key(None, "settings of the TensorRT backend, see below (only with `backend: tensorrt`)",
+                    type="mapping", default="`{}`"),
+    PLUGIN_OPTIONS_KEY: Key(None, "settings of a custom backend, passed on as they are",
+                            type="mapping", default="`{}`"),
+}

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .fields import INVALID, Boolean, Choice, Context, Reader, Text, read_section
+from .fields import INVALID, Boolean, Choice, Context, Key, Text, read_section
 from .yamltree import Item
 
 EXECUTE_MODES = ("sync", "async")
@@ -50,10 +50,16 @@ def read_source_onnx(ctx: Context, item: Item) -> Any:
     return ctx.resolve_path(text)
 
 
-ASCEND_FIELDS: dict[str, Reader] = {
-    "execute": Choice(EXECUTE_MODES),
-    "source_onnx": read_source_onnx,
-    "telemetry": Boolean(),
+ASCEND_FIELDS: dict[str, Key] = {
+    "execute": Key(Choice(EXECUTE_MODES),
+                   "`acl.mdl.execute`, or `execute_async` on the worker's stream then `synchronize_stream`"),
+    "source_onnx": Key(read_source_onnx,
+                       "the ONNX the `.om` was converted from, for `yoloedge verify`; taken from the config file's "
+                       "folder, not checked here",
+                       type="path or null"),
+    "telemetry": Key(Boolean(),
+                     "add `npu-smi info` (health, temperature, power, memory, AI-core use; cached 5 s) to the "
+                     "worker's status"),
 }
 
 

@@ -21,12 +21,12 @@ from urllib.parse import urlsplit
 from ..redact import SECRETS, schemeless_userinfo
 from ..files import file_type
 from ..model.labels import MAX_CLASSES
-from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Choice, Context, Integer, Number, Reader, Text, did_you_mean,
+from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Choice, Context, Key, Integer, Number, Text, did_you_mean,
                      range_order_ok, read_fields, read_string_list, report_duplicate_names, sequence_or_report)
 from .schema import AcceleratorConfig, CameraConfig
 from .tracking import read_camera_tracking
 from .yamltree import Item
-from .zones import objects_in_classes_ok, read_lines, read_publish, read_zones, zone_names_ok
+from .zones import MAX_ZONES, objects_in_classes_ok, read_lines, read_publish, read_zones, zone_names_ok
 
 NETWORK_SCHEMES = ("rtsp", "rtsps", "http", "https")
 SYNTHETIC_SCHEME = "synthetic"
@@ -156,32 +156,81 @@ MAX_URL_BYTES = 8192
 #: the most MiB of event best shots per camera (a 1080p shot is about 0.3 MB)
 MAX_EVENT_SNAPSHOTS_MB = 4096
 
-CAMERA_FIELDS: dict[str, Reader] = {
-    "name": Text(topic_safe=True, max_bytes=MAX_NAME_BYTES),
-    "url": read_camera_url,
-    "enabled": Boolean(),
-    "fps": Number(gt=0, le=MAX_FPS, optional=True, example=5),
-    "realtime": Boolean(optional=True),
-    "loop": Boolean(),
-    "classes": read_camera_classes,
-    "min_score": Number(ge=0, le=1, optional=True, example=0.5),
-    "open_timeout_s": Number(gt=0, le=MAX_WAIT_S, example=10),
-    "read_timeout_s": Number(gt=0, le=MAX_WAIT_S, example=10),
-    "decode_threads": Integer(ge=0, le=16, example=1),
-    "decoder": lambda ctx, item: read_camera_decoder(ctx, item),
-    "pipeline": lambda ctx, item: read_camera_pipeline(ctx, item),
-    "backoff_initial_s": Number(gt=0, le=MAX_WAIT_S, example=1),
-    "backoff_max_s": Number(gt=0, le=MAX_WAIT_S, example=30),
-    "max_retries": Integer(ge=0, le=MAX_RETRIES, example=0),
-    "queue_size": Integer(ge=1, le=MAX_QUEUE_SIZE, example=2),
-    "jpeg_decoder": read_jpeg_decoder,
-    "publish_empty": Boolean(),
-    "accelerator": Text(optional=True, max_bytes=MAX_NAME_BYTES),
-    "zones": read_zones,
-    "lines": read_lines,
-    "publish": read_publish,
-    "event_snapshots_mb": Number(ge=0, le=MAX_EVENT_SNAPSHOTS_MB, example=16),
-    "tracking": read_camera_tracking,  # merged over the top level's by config.tracking
+CAMERA_FIELDS: dict[str, Key] = {
+    "name": Key(Text(topic_safe=True, max_bytes=MAX_NAME_BYTES),
+                "topic level, status and logs",
+                default="required, unique"),
+    "url": Key(read_camera_url,
+               "`rtsp://`, `rtsps://`, `http://`/`https://` (MJPEG), `file:///path`, `/dev/videoN`, a video file, a"
+               " folder of images, or `synthetic://WIDTHxHEIGHT?fps=F[&image=PATH]` (below)",
+               type=f"string, <= {MAX_URL_BYTES} bytes",
+               default="required unless `pipeline`"),
+    "enabled": Key(Boolean(),
+                   "false: configured but not started"),
+    "fps": Key(Number(gt=0, le=MAX_FPS, optional=True, example=5),
+               "frames per second to process; null: every frame"),
+    "realtime": Key(Boolean(optional=True),
+                    "files/folders: false reads every frame, lossless, as fast as the accelerator allows; null/true"
+                    " paces files at their frame rate. `false` is an error for live sources"),
+    "loop": Key(Boolean(),
+                "files/folders: start again at the end (an error for live sources)"),
+    "classes": Key(read_camera_classes,
+                   "publish only these labels",
+                   type="non-empty list of labels, or null"),
+    "min_score": Key(Number(ge=0, le=1, optional=True, example=0.5),
+                     "publish only detections at least this confident"),
+    "open_timeout_s": Key(Number(gt=0, le=MAX_WAIT_S, example=10),
+                          "wait for the source to open"),
+    "read_timeout_s": Key(Number(gt=0, le=MAX_WAIT_S, example=10),
+                          "wait for each frame"),
+    "decode_threads": Key(Integer(ge=0, le=16, example=1),
+                          "FFmpeg decoder threads (files and network streams); 0: OpenCV's default, one per CPU "
+                          "core. Raise it only for a camera one core cannot decode (e.g. 4K H.265): each thread "
+                          "more costs a thread and a picture or two more per camera, and a frame of delay (see "
+                          "\"Memory per camera\")"),
+    "decoder": Key(lambda ctx, item: read_camera_decoder(ctx, item),
+                   "who decodes an `rtsp://` camera or a video file: OpenCV (FFmpeg), FFmpeg through PyAV (about 6 "
+                   "MB less per 1080p camera), or GStreamer in software or on the hardware (below). Status shows "
+                   "the one in use",
+                   type="`opencv`, `pyav`, `gstreamer`, `jetson`, `vaapi`, `nvidia`, `auto`"),
+    "pipeline": Key(lambda ctx, item: read_camera_pipeline(ctx, item),
+                    "a GStreamer launch string ending in an `appsink`, instead of `url` (below)",
+                    type=f"string, <= {MAX_URL_BYTES} bytes"),
+    "backoff_initial_s": Key(Number(gt=0, le=MAX_WAIT_S, example=1),
+                             "first reconnect delay"),
+    "backoff_max_s": Key(Number(gt=0, le=MAX_WAIT_S, example=30),
+                         "longest reconnect delay"),
+    "max_retries": Key(Integer(ge=0, le=MAX_RETRIES, example=0),
+                       "reconnects before the camera is failed; 0: forever"),
+    "queue_size": Key(Integer(ge=1, le=MAX_QUEUE_SIZE, example=2),
+                      "frames buffered before the accelerator (live: newest kept); pictures already resized to the "
+                      "model's input, 0.7 MB each from 1080p into 640"),
+    "jpeg_decoder": Key(read_jpeg_decoder,
+                        "who decodes the JPEGs of an image folder or an HTTP MJPEG camera: `nvimgcodec` (NVIDIA "
+                        "nvImageCodec, on the GPU), `nvjpeg` (pynvjpeg, on the GPU), `cpu` (OpenCV); `auto`: the "
+                        "first GPU decoder installed that starts, else OpenCV. Status shows the one in use",
+                        type="`auto`, `nvimgcodec`, `nvjpeg`, `cpu`"),
+    "publish_empty": Key(Boolean(),
+                         "publish frames without detections"),
+    "accelerator": Key(Text(optional=True, max_bytes=MAX_NAME_BYTES),
+                       "accelerator name; null: the first"),
+    "zones": Key(read_zones,
+                 "polygons whose tracks are counted and reported in events",
+                 type=f"list of zones (below), at most {MAX_ZONES}"),
+    "lines": Key(read_lines,
+                 "counting lines: crossings in and out by label",
+                 type=f"list of lines (below), at most {MAX_ZONES}"),
+    "publish": Key(read_publish,
+                   "what goes to MQTT: per-frame detections, events and counts, or both",
+                   type="`events`, `detections`, `both`"),
+    "event_snapshots_mb": Key(Number(ge=0, le=MAX_EVENT_SNAPSHOTS_MB, example=16),
+                              "MiB of event best shots (one JPEG per event, box drawn; 0.3-0.5 MB at 1080p) kept "
+                              "for `/api/events` and the status page; past it the oldest events' shots go first; 0:"
+                              " none (see \"Events: reading them back\")"),
+    "tracking": Key(read_camera_tracking,
+                    "this camera's tracking keys (table below), each over the top level's",
+                    type="mapping or null",
+                    default="the top-level `tracking`"),  # merged over the top level's by config.tracking
 }
 
 

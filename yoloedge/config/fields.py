@@ -2,7 +2,13 @@
 
 A reader returns `INVALID` after reporting a problem, so the loader carries on and every mistake in
 the file is reported in one go. The requirement text of a reader ("must be a number > 0") is what
-the operator reads, so it doubles as the documentation of the key.
+the operator reads, so it doubles as the documentation of the key: `describe()` gives it as the
+type column of docs/configuration.md.
+
+Each key is declared once, as a `Key` in its section's table: the reader (type and bounds) and the
+one-line meaning; its default is the section dataclass's field default (`config.schema`), or the
+Key's `default` text where that is computed or not what the operator writes. `config.reference`
+builds docs/configuration.md from these tables.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import math
 import os
 import unicodedata
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..files import regular_file_problem
 from ..redact import SECRETS, redact, redact_value
@@ -45,6 +51,34 @@ MAX_NAME_BYTES = 128
 MAX_LIST_ITEMS = 1000
 
 Reader = Callable[["Context", Item], Any]
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key: how it is read (`reader`: type, bounds, checks) and what it means. `type`:
+    the type as text, for a reader that cannot describe itself (a function); `default`: the
+    default as text where the dataclass field's is computed, required or not what is written.
+    Called like its reader. `reader` None: the key is read elsewhere (an accelerator's backend
+    sections, by `config.catalogue`), and declared here for the reference only."""
+
+    reader: Reader | None
+    meaning: str
+    type: str | None = None
+    default: str | None = None
+
+    def __call__(self, ctx: "Context", item: Item) -> Any:
+        if self.reader is None:
+            raise TypeError("this key is read by its section, not through its table")
+        return self.reader(ctx, item)
+
+    def describe(self) -> str:
+        """The type and bounds as the reference shows them: `number > 0 and <= 3600`."""
+        if self.type is not None:
+            return self.type
+        describe = getattr(self.reader, "describe", None)
+        if describe is None:
+            raise TypeError(f"a Key reading with {self.reader!r} needs a type text")
+        return str(describe())
 
 
 class Context:
@@ -157,6 +191,9 @@ class Number:
             text = f"must be {kind} <= {high}"
         return text + (" or null" if self.optional else "")
 
+    def describe(self) -> str:
+        return self.requirement.removeprefix("must be ").removeprefix("a ")
+
 
 def Integer(ge: int | None = None, le: int = MAX_NUMBER, optional: bool = False, example: Any = None) -> Number:
     return Number(ge=ge, le=le, optional=optional, example=example, integer=True)
@@ -195,6 +232,9 @@ class Boolean:
             return ctx.bad_value(item, "must be true or false" + (" or null" if self.optional else ""))
         return item.value
 
+    def describe(self) -> str:
+        return "true or false" + (" or null" if self.optional else "")
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -211,6 +251,9 @@ class Choice:
             hint = did_you_mean(item.value, self.choices) if isinstance(item.value, str) else None
             return ctx.bad_value(item, f"must be one of: {allowed}", hint)
         return item.value
+
+    def describe(self) -> str:
+        return " ".join(f"`{choice}`" for choice in self.choices) + (" or null" if self.optional else "")
 
 
 @dataclass(frozen=True)
@@ -244,6 +287,11 @@ class Text:
                                        "(it becomes part of MQTT topics)")
         return value
 
+    def describe(self) -> str:
+        text = f"string, <= {self.max_bytes:,} bytes" + (", may be empty" if self.allow_empty else "")
+        text += ", no `/` `+` `#` or spaces" if self.topic_safe else ""
+        return text + (", or null" if self.optional else "")
+
 
 def topic_safe(value: str) -> bool:
     return not any(c in value for c in TOPIC_RESERVED) and all(c.isprintable() and not c.isspace() for c in value)
@@ -272,6 +320,10 @@ class FilePath:
             return ctx.problem(item, f"file not found: {path}")
         return ctx.problem(item, str(problem))
 
+    def describe(self) -> str:
+        bound = "" if self.max_bytes is None else f" <= {self.max_bytes:,} bytes"
+        return f"path of a regular file{bound}" + (" or null" if self.optional else "")
+
 
 # -- structure ---------------------------------------------------------------------------------
 
@@ -295,7 +347,7 @@ def sequence_or_report(ctx: Context, item: Item, what: str, most: int = MAX_LIST
     return item.value
 
 
-def read_fields(ctx: Context, item: Item, fields: dict[str, Reader], required: Sequence[str] = ()) -> dict | None:
+def read_fields(ctx: Context, item: Item, fields: Mapping[str, Reader], required: Sequence[str] = ()) -> dict | None:
     """Read a mapping against `fields`: unknown keys, missing required keys and bad values are all
     reported; returns the valid values by key (callers apply them over the dataclass defaults)."""
     entries = mapping_or_report(ctx, item)
@@ -338,7 +390,7 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def read_present(ctx: Context, entries: dict, fields: dict[str, Reader]) -> dict:
+def read_present(ctx: Context, entries: dict, fields: Mapping[str, Reader]) -> dict:
     """Values of the keys in `fields` that the mapping has; a bad one is kept as INVALID, so the
     caller can tell that the whole section failed."""
     return {key: reader(ctx, entries[key]) for key, reader in fields.items() if key in entries}
@@ -379,7 +431,7 @@ def report_duplicate_names(ctx: Context, children: list[Item], names: list[Any],
             first_line[name] = where.line
 
 
-def read_section(ctx: Context, item: Item | None, fields: dict[str, Reader]) -> Any:
+def read_section(ctx: Context, item: Item | None, fields: Mapping[str, Reader]) -> Any:
     """A backend's own settings section (`ascend:`, `simulated:`): absent or null means every
     default ({}); else the validated values, or INVALID once an unknown key or bad value was reported."""
     if item is None or item.value is None:

@@ -8,7 +8,7 @@ the loader never resolves names, and whether a listener is loopback must be know
 
 `allowed_hosts` names the Host headers answered besides loopback names and the listen address
 (DNS rebinding, see `web.access`): names and addresses, no ports, compared as `web.access`
-compares them, so what is checked here is what is matched there.
+compares them (`normal_host`, here), so what is checked here is what is matched there.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import ipaddress
 import re
 from typing import Any
 
-from ..web.access import normal_host
-from .fields import INVALID, Boolean, Context, Text, read_fields, sequence_or_report
+from .fields import INVALID, Boolean, Context, Key, Text, read_fields, sequence_or_report
 from .schema import HttpConfig
 from .yamltree import Item
 
@@ -26,19 +25,14 @@ LISTEN_EXAMPLE = "e.g. listen: 127.0.0.1:8480, '[::1]:8480', or null to turn the
 ALLOWED_HOSTS_EXAMPLE = "e.g. allowed_hosts: [edge1.lan, 192.0.2.7]"
 #: the most names `allowed_hosts` takes: a box is reached by a few names, not by hundreds
 MAX_ALLOWED_HOSTS = 64
+_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 _LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]+)):(?P<port>[0-9]{1,5})")
 
 
 def read_http(ctx: Context, item: Item) -> Any:
     if item.value is None:
         return HttpConfig(listen=None)
-    values = read_fields(ctx, item, {
-        "listen": read_listen,
-        "allow_remote": Boolean(),
-        "allowed_hosts": read_allowed_hosts,
-        "username": Text(optional=True),
-        "password": Text(optional=True, secret=True),
-    })
+    values = read_fields(ctx, item, HTTP_FIELDS)
     if values is None:
         return INVALID
     entries = item.value
@@ -108,3 +102,47 @@ def _is_address(host: str, v6: bool) -> bool:
 
 def is_loopback(host: str) -> bool:
     return host == "localhost" or ipaddress.ip_address(host).is_loopback
+
+
+def normal_host(text: str) -> str | None:
+    """A host without a port (`name`, `192.0.2.7`, `::1`, `[::1]`) as `web.access` compares it, or None
+    when it is not one."""
+    if text.startswith("[") and text.endswith("]"):
+        return normal_ipv6(text[1:-1])
+    return normal_ipv6(text) if ":" in text else normal_name(text)
+
+
+def normal_ipv6(text: str) -> str | None:
+    """An IPv6 address in its compressed form, or None when it is not one."""
+    try:
+        return ipaddress.IPv6Address(text).compressed
+    except ValueError:
+        return None
+
+
+def normal_name(name: str) -> str | None:
+    """A host name or IPv4 address as `web.access` compares it, or None when it is neither."""
+    name = name[:-1] if name.endswith(".") else name
+    if len(name) > 253 or not _NAME.fullmatch(name) or ".." in name:
+        return None
+    return name.lower()
+
+
+#: the keys of `http:`: reader and meaning (see `fields.Key`).
+HTTP_FIELDS: dict[str, Key] = {
+    "listen": Key(read_listen,
+                  "where `/metrics` and `/api/status` are served; null: off",
+                  type="`HOST:PORT` (an IP address or `localhost`; IPv6 in brackets) or null",
+                  default="`127.0.0.1:8480`"),
+    "allow_remote": Key(Boolean(),
+                        "must be `true` for a `listen` that is not loopback (`0.0.0.0:8480`)"),
+    "allowed_hosts": Key(read_allowed_hosts,
+                         "`Host` names answered besides loopback ones (`localhost`, `*.localhost`, `127.x.x.x`, "
+                         "`[::1]`) and the listen address; any other gets 421. Empty: loopback only, or any name "
+                         "under `allow_remote`",
+                         type=f"list of host names or IP addresses (no ports; at most {MAX_ALLOWED_HOSTS}), or null"),
+    "username": Key(Text(optional=True),
+                    "basic auth user; needs `http.password`"),
+    "password": Key(Text(optional=True, secret=True),
+                    "basic auth password; never logged or shown in status"),
+}

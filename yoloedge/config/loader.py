@@ -24,22 +24,21 @@ import re
 import stat
 from typing import Any, Mapping
 
-from ..control.location import daemon_socket
 from ..files import FileProblem, file_type, read_bounded
 from ..model.labels import MAX_CLASSES, MAX_LABELS_BYTES
-from ..postprocess.layouts import FORMATS
 from ..redact import SECRETS
 from ..spooldir import directory_problem as spool_directory_problem
 from .accelerators import check_model_file_kind, default_accelerators, read_accelerators
 from .cameras import check_camera_accelerators, read_cameras
 from .errors import ConfigError, ConfigIssue, IssueLog
-from .fields import (INVALID, MAX_NAME_BYTES, MAX_TEXT_BYTES, Boolean, Choice, Context, FilePath, Integer, Number,
+from .fields import (INVALID, MAX_NAME_BYTES, MAX_TEXT_BYTES, Boolean, Choice, Context, Key, FilePath, Integer, Number,
                      Text, is_number, is_whole, mapping_or_report, range_order_ok, read_fields, read_string_list,
                      sequence_or_report, show, topic_safe)
 from .http import read_http
-from .model import ModelConfig
-from ..tracking.types import TrackingConfig
-from .schema import Config, ControlConfig, HealthConfig, HomeAssistantConfig, LoggingConfig, MqttConfig, TlsConfig
+from .location import daemon_socket
+from .model import FORMATS, ModelConfig
+from .schema import (Config, ControlConfig, HealthConfig, HomeAssistantConfig, LoggingConfig, MqttConfig, TlsConfig,
+                     TrackingConfig)
 from .tls import TlsMaterialError, client_context
 from .tracking import merge_cameras as merge_camera_tracking
 from .tracking import read_tracking
@@ -82,7 +81,7 @@ def load_config(path: str, environ: Mapping[str, str]) -> Config:
 
 
 def with_default_socket(config: Config, root: Item | None, environ: Mapping[str, str]) -> Config:
-    """`config` with the socket `control.location.daemon_socket` picks where the file does not set
+    """`config` with the socket `config.location.daemon_socket` picks where the file does not set
     `control.socket`: a normal user's daemon cannot create the system one."""
     control = root.value.get("control") if root is not None and isinstance(root.value, dict) else None
     if control is not None and isinstance(control.value, dict) and "socket" in control.value:
@@ -129,19 +128,7 @@ def build_config(ctx: Context, root: Item | None, source: str) -> Config | None:
     if root is None:
         ctx.log.add(None, None, "", "the file is empty; it needs at least device_id and model.path")
         return None
-    values = read_fields(ctx, root, {
-        "device_id": Text(topic_safe=True, max_bytes=MAX_NAME_BYTES),
-        "model": read_model,
-        "accelerators": read_accelerators,
-        "cameras": read_cameras,
-        "mqtt": read_mqtt,
-        "health": read_health,
-        "control": read_control,
-        "logging": read_logging,
-        "http": read_http,
-        "tracking": read_tracking,
-        "shutdown_timeout_s": Number(gt=0, le=MAX_WAIT_S, example=10),
-    }, required=TOP_REQUIRED)
+    values = read_fields(ctx, root, TOP_FIELDS, required=TOP_REQUIRED)
     if values is None:
         return None
     accelerators_ok = "accelerators" in values or "accelerators" not in root.value
@@ -163,23 +150,7 @@ def build_config(ctx: Context, root: Item | None, source: str) -> Config | None:
 # -- model -------------------------------------------------------------------------------------
 
 def read_model(ctx: Context, item: Item) -> Any:
-    values = read_fields(ctx, item, {
-        "path": FilePath(),
-        "format": Choice(FORMATS, optional=True),
-        "labels": read_labels,
-        "conf": Number(ge=0, le=1, example=0.25),
-        "iou": Number(ge=0, le=1, example=0.45),
-        "max_det": Integer(ge=1, le=MAX_DETECTIONS, example=300),
-        "agnostic_nms": Boolean(optional=True),
-        "classes": read_model_classes,
-        "class_conf": read_class_conf,
-        "imgsz": read_imgsz,
-        "anchors": read_anchors,
-        "input": Choice(("host", "aipp")),
-        "letterbox": Choice(("center", "topleft"), optional=True),
-        "color": Choice(("rgb", "bgr"), optional=True),
-        "normalize": Boolean(optional=True),
-    }, required=("path",))
+    values = read_fields(ctx, item, MODEL_FIELDS, required=("path",))
     if values is None or "path" not in values:
         return INVALID
     return ModelConfig(**values)
@@ -283,26 +254,7 @@ def _flattened(item: Item) -> list[Any]:
 def read_mqtt(ctx: Context, item: Item) -> Any:
     if item.value is None:
         return MqttConfig()
-    values = read_fields(ctx, item, {
-        "host": read_mqtt_host,
-        "port": Integer(ge=1, le=65535, example=1883),
-        "username": Text(optional=True),
-        "password": Text(optional=True, allow_empty=True, secret=True),
-        "tls": read_tls,
-        "topic_prefix": read_topic_prefix,
-        "qos": Integer(ge=0, le=2, example=1),
-        "client_id": Text(optional=True, max_bytes=MAX_NAME_BYTES),
-        "keepalive_s": Integer(ge=1, le=65535, example=30),
-        "queue_limit": Integer(ge=1, le=65000, example=10000),
-        "queue_limit_bytes": Integer(ge=MIN_QUEUE_BYTES, le=MAX_QUEUE_BYTES, example=67108864),
-        "spool_dir": read_spool_dir,
-        "spool_limit_bytes": Integer(ge=MIN_SPOOL_BYTES, le=MAX_SPOOL_BYTES, example=268435456),
-        "stats_interval_s": Number(gt=0, le=MAX_WAIT_S, example=10),
-        "reconnect_min_s": Number(gt=0, le=MAX_WAIT_S, example=1),
-        "reconnect_max_s": Number(gt=0, le=MAX_WAIT_S, example=30),
-        "drain_rate": Number(ge=0, le=MAX_DRAIN_RATE, example=100),
-        "homeassistant": read_homeassistant,
-    })
+    values = read_fields(ctx, item, MQTT_FIELDS)
     if values is None:
         return INVALID
     if values.get("password") is not None and values.get("username") is None:
@@ -323,7 +275,7 @@ def read_homeassistant(ctx: Context, item: Item) -> Any:
     if not item.is_mapping:
         return ctx.bad_value(item, "must be true, false or a mapping with discovery_prefix",
                              "e.g. homeassistant: true, or homeassistant: {discovery_prefix: homeassistant}")
-    values = read_fields(ctx, item, {"discovery_prefix": read_topic_prefix})
+    values = read_fields(ctx, item, HOMEASSISTANT_FIELDS)
     return INVALID if values is None else HomeAssistantConfig(**values)
 
 
@@ -403,12 +355,7 @@ def read_tls(ctx: Context, item: Item) -> Any:
         return None
     if item.value is True:
         return TlsConfig()
-    values = read_fields(ctx, item, {
-        "ca_certs": FilePath(optional=True),
-        "certfile": FilePath(optional=True),
-        "keyfile": FilePath(optional=True),
-        "insecure": Boolean(),
-    })
+    values = read_fields(ctx, item, TLS_FIELDS)
     if values is None:
         return INVALID
     if values.get("keyfile") and not values.get("certfile") and "certfile" not in item.value:
@@ -439,18 +386,14 @@ def read_topic_prefix(ctx: Context, item: Item) -> Any:
 def read_health(ctx: Context, item: Item) -> Any:
     if item.value is None:
         return HealthConfig()
-    values = read_fields(ctx, item, {
-        "stall_timeout_s": Number(gt=0, le=MAX_WAIT_S, example=10),
-        "watchdog": Boolean(),
-        "status_interval_s": Number(gt=0, le=MAX_WAIT_S, example=5),
-    })
+    values = read_fields(ctx, item, HEALTH_FIELDS)
     return INVALID if values is None else HealthConfig(**values)
 
 
 def read_control(ctx: Context, item: Item) -> Any:
     if item.value is None:
         return ControlConfig()
-    values = read_fields(ctx, item, {"socket": read_socket_path, "mode": read_mode})
+    values = read_fields(ctx, item, CONTROL_FIELDS)
     return INVALID if values is None else ControlConfig(**values)
 
 
@@ -497,8 +440,203 @@ def read_mode(ctx: Context, item: Item) -> Any:
 def read_logging(ctx: Context, item: Item) -> Any:
     if item.value is None:
         return LoggingConfig()
-    values = read_fields(ctx, item, {
-        "level": Choice(("debug", "info", "warning", "error")),
-        "target": Choice(("auto", "journald", "stderr")),
-    })
+    values = read_fields(ctx, item, LOGGING_FIELDS)
     return INVALID if values is None else LoggingConfig(**values)
+
+
+# -- the keys of each section: reader and meaning (see `fields.Key`), after the readers they name --
+
+TOP_FIELDS: dict[str, Key] = {
+    "device_id": Key(Text(topic_safe=True, max_bytes=MAX_NAME_BYTES),
+                     "this box's name; second level of every topic",
+                     default="required"),
+    "model": Key(read_model,
+                 "the model, below",
+                 type="mapping",
+                 default="required"),
+    "accelerators": Key(read_accelerators,
+                        "groups of devices running the model",
+                        type="list",
+                        default="one ONNX Runtime CPU accelerator named `onnxruntime0`"),
+    "cameras": Key(read_cameras,
+                   "sources; an empty list is allowed (the daemon idles)",
+                   type="list"),
+    "mqtt": Key(read_mqtt,
+                "broker connection and topics",
+                type="mapping",
+                default="defaults below"),
+    "health": Key(read_health,
+                  "stall detection and systemd watchdog",
+                  type="mapping",
+                  default="defaults below"),
+    "control": Key(read_control,
+                   "`yoloedge-ctl` socket",
+                   type="mapping",
+                   default="defaults below"),
+    "logging": Key(read_logging,
+                   "log level and destination",
+                   type="mapping",
+                   default="defaults below"),
+    "http": Key(read_http,
+                "HTTP endpoint (`/metrics`, `/api/status`); null: off",
+                type="mapping or null",
+                default="listen on `127.0.0.1:8480`"),
+    "tracking": Key(read_tracking,
+                    "tracking defaults for every camera (see [Tracking](../README.md#tracking))",
+                    type="mapping or null",
+                    default="defaults below"),
+    "shutdown_timeout_s": Key(Number(gt=0, le=MAX_WAIT_S, example=10),
+                              "seconds to drain queued frames on stop"),
+}
+
+
+MODEL_FIELDS: dict[str, Key] = {
+    "path": Key(FilePath(),
+                "ONNX model (`.om` / `.engine` for Ascend / TensorRT)",
+                default="required, must be a regular file"),
+    "format": Key(Choice(FORMATS, optional=True),
+                  "output layout; null recognises it"),
+    "labels": Key(read_labels,
+                  "labels file (one per line, or YAML with `names:`) or the labels; null: model metadata, else "
+                  "COCO-80 / `class0..N`",
+                  type=f"path (a regular file <= {MAX_LABELS_BYTES // 1024 // 1024} MiB), list of strings, or null"),
+    "conf": Key(Number(ge=0, le=1, example=0.25),
+                "minimum score"),
+    "iou": Key(Number(ge=0, le=1, example=0.45),
+               "NMS overlap threshold"),
+    "max_det": Key(Integer(ge=1, le=MAX_DETECTIONS, example=300),
+                   "most detections per frame"),
+    "agnostic_nms": Key(Boolean(optional=True),
+                        "NMS across classes; null: YOLOX yes, others no"),
+    "classes": Key(read_model_classes,
+                   "keep only these classes",
+                   type="non-empty list of labels / ids, or null"),
+    "class_conf": Key(read_class_conf,
+                      "per-class minimum score",
+                      type="mapping label/id -> number 0..1"),
+    "imgsz": Key(read_imgsz,
+                 "input size for dynamic-axis models",
+                 type=f"N, [H, W] (1..{MAX_IMGSZ}), or null"),
+    "anchors": Key(read_anchors,
+                   "raw-head anchors, one list per head; null: YOLOv5's",
+                   type="list of w,h lists, or null"),
+    "input": Key(Choice(("host", "aipp")),
+                 "float NCHW on the host, or uint8 NHWC (Ascend AIPP)"),
+    "letterbox": Key(Choice(("center", "topleft"), optional=True),
+                     "placement; null: family default"),
+    "color": Key(Choice(("rgb", "bgr"), optional=True),
+                 "channel order; null: family default"),
+    "normalize": Key(Boolean(optional=True),
+                     "divide by 255; null: family default"),
+}
+
+
+MQTT_FIELDS: dict[str, Key] = {
+    "host": Key(read_mqtt_host,
+                "broker",
+                type="string"),
+    "port": Key(Integer(ge=1, le=65535, example=1883),
+                "broker port (8883 is the usual one for TLS)"),
+    "username": Key(Text(optional=True),
+                    "null: anonymous"),
+    "password": Key(Text(optional=True, allow_empty=True, secret=True),
+                    "needs `username`; use `${MQTT_PASSWORD}`"),
+    "tls": Key(read_tls,
+               "true: TLS with the system CAs; mapping: `ca_certs`, `certfile`, `keyfile` (files must exist; "
+               "`keyfile` needs `certfile`), `insecure` (bool, default false: skip host name check)",
+               type="null/false, true, or mapping"),
+    "topic_prefix": Key(read_topic_prefix,
+                        "first topic level(s); `/`-separated, no `+`, `#`, empty levels or leading `$`",
+                        type=f"string, <= {MAX_TOPIC_PREFIX_BYTES} bytes"),
+    "qos": Key(Integer(ge=0, le=2, example=1),
+               "MQTT quality of service of the messages published"),
+    "client_id": Key(Text(optional=True, max_bytes=MAX_NAME_BYTES),
+                     "null: `yoloedge-<device_id>`"),
+    "keepalive_s": Key(Integer(ge=1, le=65535, example=30),
+                       "also how long to wait for the broker's CONNACK after connecting"),
+    "queue_limit": Key(Integer(ge=1, le=65000, example=10000),
+                       "messages held in memory while the broker is down (or not yet acknowledged); beyond that "
+                       "dropped and counted"),
+    "queue_limit_bytes": Key(Integer(ge=MIN_QUEUE_BYTES, le=MAX_QUEUE_BYTES, example=67108864),
+                             "the same bound in payload bytes; whichever is reached first applies",
+                             default="`67108864` (64 MiB)"),
+    "spool_dir": Key(read_spool_dir,
+                     "null: queue in memory only. A directory of its own (created 0700; must be writable or "
+                     "creatable) for the durable outbox: messages survive a restart during an outage. Under the "
+                     "shipped unit use `/var/lib/yoloedge/spool` (inside its `StateDirectory`). Refused (exit 78): "
+                     "a directory holding anything but the spool's own files, a system directory (`/`, `/etc`, "
+                     "`/var/lib`, `/tmp`, the service's own `/var/lib/yoloedge` ...), a symlink, one writable by "
+                     "every user, or one owned by another user (see \"The spool directory\" under [MQTT topics and "
+                     "payloads](#mqtt-topics-and-payloads))",
+                     type="path or null"),
+    "spool_limit_bytes": Key(Integer(ge=MIN_SPOOL_BYTES, le=MAX_SPOOL_BYTES, example=268435456),
+                             "most disk space for `spool_dir`; beyond it the oldest messages are deleted and "
+                             "counted as dropped",
+                             default="`268435456` (256 MiB)"),
+    "stats_interval_s": Key(Number(gt=0, le=MAX_WAIT_S, example=10),
+                            "seconds between stats messages"),
+    "reconnect_min_s": Key(Number(gt=0, le=MAX_WAIT_S, example=1),
+                           "first reconnect delay"),
+    "reconnect_max_s": Key(Number(gt=0, le=MAX_WAIT_S, example=30),
+                           "longest reconnect delay (delays double from `reconnect_min_s`, spread by ±20 % jitter "
+                           "like cameras' backoff)"),
+    "drain_rate": Key(Number(ge=0, le=MAX_DRAIN_RATE, example=100),
+                      "after a reconnect, the messages that waited (the outage's queue, the spool of the last run) "
+                      "go out at most this many a second, one second's worth at once; new messages and the newest "
+                      "retained state go out at once. 0: as fast as the broker takes them"),
+    "homeassistant": Key(read_homeassistant,
+                         "Home Assistant MQTT discovery (see \"Home Assistant\"); `true` uses the prefix "
+                         "`homeassistant`",
+                         type="`true`, `false`, null or a mapping",
+                         default="`false`"),
+}
+
+
+HOMEASSISTANT_FIELDS: dict[str, Key] = {
+    "discovery_prefix": Key(read_topic_prefix,
+                            "must match the discovery prefix set in Home Assistant's MQTT integration",
+                            type="topic levels without `+`, `#`"),
+}
+
+
+TLS_FIELDS: dict[str, Key] = {
+    "ca_certs": Key(FilePath(optional=True),
+                    "CA certificates to verify the broker with; null: the system's"),
+    "certfile": Key(FilePath(optional=True),
+                    "client certificate (for brokers that authenticate clients by certificate)"),
+    "keyfile": Key(FilePath(optional=True),
+                   "the client certificate's private key; null: it is in `certfile`"),
+    "insecure": Key(Boolean(),
+                    "skip the broker's hostname verification (testing only)"),
+}
+
+
+HEALTH_FIELDS: dict[str, Key] = {
+    "stall_timeout_s": Key(Number(gt=0, le=MAX_WAIT_S, example=10),
+                           "no good frame this long: the camera is stalled and reconnected"),
+    "watchdog": Key(Boolean(),
+                    "send `WATCHDOG=1` to systemd (with `WatchdogSec=`) while at least one device makes progress"),
+    "status_interval_s": Key(Number(gt=0, le=MAX_WAIT_S, example=5),
+                             "seconds between status updates to systemd"),
+}
+
+
+CONTROL_FIELDS: dict[str, Key] = {
+    "socket": Key(read_socket_path,
+                  "`yoloedge-ctl` Unix socket; a file in its place that is not a socket is an error. Not set: a "
+                  "daemon that cannot create `/run/yoloedge` (a normal user's) uses "
+                  "`$XDG_RUNTIME_DIR/yoloedge/control.sock`; set explicitly, the path is used as is",
+                  type=f"absolute path, <= {UNIX_SOCKET_PATH_MAX} bytes"),
+    "mode": Key(read_mode,
+                "socket permissions (`660` without the 0 is refused: YAML reads it as decimal)",
+                type="octal with leading 0",
+                default="`0660`"),
+}
+
+
+LOGGING_FIELDS: dict[str, Key] = {
+    "level": Key(Choice(("debug", "info", "warning", "error")),
+                 "the lowest level logged"),
+    "target": Key(Choice(("auto", "journald", "stderr")),
+                  "auto: the journal under systemd, else stderr"),
+}

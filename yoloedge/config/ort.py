@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .fields import INVALID, Boolean, Choice, Context, Integer, Reader, Text, mapping_or_report, read_present
+from .fields import INVALID, Boolean, Choice, Context, Key, Integer, Text, mapping_or_report, read_present
 from .model import PROVIDERS, OnnxRuntimeConfig
 from .yamltree import Item
 
@@ -42,15 +42,28 @@ def read_cache_dir(ctx: Context, item: Item) -> Any:
     return ctx.resolve_path(text)
 
 
-ONNXRUNTIME_FIELDS: dict[str, Reader] = {
-    "provider": Choice(tuple(PROVIDERS)),
-    "provider_options": read_provider_options,
-    "allow_fallback": Boolean(),
-    "intra_op_threads": Integer(ge=0, le=MAX_INTRA_OP_THREADS, example=4),
-    "graph_optimization": Choice(GRAPH_OPTIMIZATION),
-    "qdq_fusion": Boolean(),
-    "io_binding": Boolean(),
-    "cache_dir": read_cache_dir,
+ONNXRUNTIME_FIELDS: dict[str, Key] = {
+    "provider": Key(Choice(tuple(PROVIDERS)),
+                    "ONNX Runtime execution provider (onnxruntime only)"),
+    "provider_options": Key(read_provider_options,
+                            "passed to the provider as strings (onnxruntime only)",
+                            type="mapping of scalars"),
+    "allow_fallback": Key(Boolean(),
+                          "run on the CPU with a warning if the provider is missing (onnxruntime only)"),
+    "intra_op_threads": Key(Integer(ge=0, le=MAX_INTRA_OP_THREADS, example=4),
+                            "threads per inference; 0: ONNX Runtime's default (onnxruntime only)"),
+    "graph_optimization": Key(Choice(GRAPH_OPTIMIZATION),
+                              "(onnxruntime only)"),
+    "qdq_fusion": Key(Boolean(),
+                      "QDQ models: `true` keeps ONNX Runtime's default, Q/DQ pairs fused into int8 kernels (as "
+                      "Ultralytics runs them); `false` runs them unfused in float, about 2x slower. Scores can "
+                      "differ by one quantisation step between the two, and between CPUs (onnxruntime only)"),
+    "io_binding": Key(Boolean(),
+                      "bind preallocated input/output buffers (onnxruntime only)"),
+    "cache_dir": Key(read_cache_dir,
+                     "where TensorRT engines and MIGraphX programs are kept between starts (onnxruntime only)",
+                     type="path",
+                     default="`$CACHE_DIRECTORY`, else `$XDG_CACHE_HOME/yoloedge`, else `~/.cache/yoloedge`"),
 }
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .fields import INVALID, Choice, Context, FilePath, Number, Reader, read_section, sequence_or_report
+from .fields import INVALID, Choice, Context, Key, FilePath, Number, read_section, sequence_or_report
 from .yamltree import Item
 
 INPUT_KINDS = ("host", "aipp")
@@ -57,10 +57,16 @@ def read_device_ms(ctx: Context, item: Item) -> Any:
     return (values[0], values[1])
 
 
-SIMULATED_FIELDS: dict[str, Reader] = {
-    "device_ms": read_device_ms,
-    "image": FilePath(optional=True),
-    "input": Choice(INPUT_KINDS),
+SIMULATED_FIELDS: dict[str, Key] = {
+    "device_ms": Key(read_device_ms,
+                     "one inference of n frames takes base + per_frame x n milliseconds",
+                     type=f"`[base, per_frame]` or one number, ms 0..{MAX_DEVICE_MS}",
+                     default="`[4, 2]`"),
+    "image": Key(FilePath(optional=True),
+                 "the image whose real outputs every inference returns; null: a grey frame (few detections, so "
+                 "little decode work)"),
+    "input": Key(Choice(INPUT_KINDS),
+                 "host: the model's own float NCHW input; aipp: uint8 NHWC, like an Ascend `.om` with AIPP"),
 }
 
 

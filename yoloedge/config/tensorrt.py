@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .ascend import read_source_onnx
-from .fields import Boolean, Context, Integer, Reader, read_section
+from .fields import Boolean, Context, Key, Integer, read_section
 from .yamltree import Item
 
 #: no trtexec command line builds more profiles than this; a larger index is a typo.
@@ -43,10 +43,17 @@ class TensorRTConfig:
     telemetry: bool = True
 
 
-TENSORRT_FIELDS: dict[str, Reader] = {
-    "profile": Integer(ge=0, le=MAX_PROFILE, example=0),
-    "source_onnx": read_source_onnx,
-    "telemetry": Boolean(),
+TENSORRT_FIELDS: dict[str, Key] = {
+    "profile": Key(Integer(ge=0, le=MAX_PROFILE, example=0),
+                   "the engine's optimisation profile to run (trtexec builds one, index 0); one the engine lacks is"
+                   " refused when the worker opens, static engines included"),
+    "source_onnx": Key(read_source_onnx,
+                       "the ONNX the engine was built from, for `yoloedge verify`; taken from the config file's "
+                       "folder, not checked here",
+                       type="path or null"),
+    "telemetry": Key(Boolean(),
+                     "add the GPU's temperature, load, memory and power (nvidia-smi; tegrastats on a Jetson; cached"
+                     " 5 s) to the worker's status"),
 }
 
 

@@ -11,22 +11,31 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..tracking.types import TrackingConfig
-from .fields import INVALID, Boolean, Context, Integer, Number, Reader, mapping_or_report, read_fields
-from .schema import CameraConfig
+from .fields import INVALID, Boolean, Context, Key, Integer, Number, mapping_or_report, read_fields
+from .schema import CameraConfig, TrackingConfig
 from .yamltree import Item
 
 #: the longest lost time (an hour: far past any real occlusion) and the most hits to confirm.
 MAX_LOST_S = 3600
 MAX_MIN_HITS = 1000
 
-TRACKING_FIELDS: dict[str, Reader] = {
-    "enabled": Boolean(),
-    "min_hits": Integer(ge=1, le=MAX_MIN_HITS, example=3),
-    "lost_s": Number(gt=0, le=MAX_LOST_S, example=2),
-    "high_score": Number(ge=0, le=1, example=0.25),
-    "low_score": Number(ge=0, le=1, example=0.1),
-    "match_thresh": Number(ge=0, le=1, example=0.8),
+TRACKING_FIELDS: dict[str, Key] = {
+    "enabled": Key(Boolean(),
+                   "track this camera's objects; detections carry `track_id`"),
+    "min_hits": Key(Integer(ge=1, le=MAX_MIN_HITS, example=3),
+                    "detections in a row before a track is confirmed and gets its id (its event starts)"),
+    "lost_s": Key(Number(gt=0, le=MAX_LOST_S, example=2),
+                  "a confirmed track not matched for this long, in frame time, ends",
+                  default="`2.0`"),
+    "high_score": Key(Number(ge=0, le=1, example=0.25),
+                      "detections at least this confident are matched first; from `high_score` + 0.1 up they start "
+                      "tracks (ByteTrack's `track_thresh`)"),
+    "low_score": Key(Number(ge=0, le=1, example=0.1),
+                     "the lowest score used: from here up to `high_score` a detection only keeps a track alive "
+                     "(ByteTrack's second association); post-processing keeps candidates down to it"),
+    "match_thresh": Key(Number(ge=0, le=1, example=0.8),
+                        "first association: a detection matches a track at cost 1 - IoU x score at most this "
+                        "(ByteTrack's `match_thresh`)"),
 }
 
 

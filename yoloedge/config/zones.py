@@ -12,15 +12,15 @@ checked when the camera starts (a warning, like `classes:`).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..errors import ModelError
-from ..events.geometry import polygon_problem
-from ..events.types import DEFAULT_INERTIA, Anchor, LineConfig, PublishMode, ZoneConfig
 from ..model.labels import MAX_CLASSES, read_labels_file
-from .fields import (INVALID, MAX_NAME_BYTES, Choice, Context, Integer, Reader, Text, did_you_mean, is_number,
+from .fields import (INVALID, MAX_NAME_BYTES, Choice, Context, Key, Integer, Reader, Text, did_you_mean, is_number,
                      read_fields, read_string_list, report_duplicate_names, sequence_or_report)
 from .model import ModelConfig
+from .polygon import polygon_problem
+from .schema import DEFAULT_INERTIA, Anchor, LineConfig, PublishMode, ZoneConfig
 from .yamltree import Item
 
 #: most zones, and most lines, per camera; every one is tested against every track each frame.
@@ -86,19 +86,43 @@ def read_publish(ctx: Context, item: Item) -> Any:
 
 NAME = Text(topic_safe=True, max_bytes=MAX_NAME_BYTES)
 
-ZONE_FIELDS: dict[str, Reader] = {
-    "name": NAME,
-    "polygon": read_polygon,
-    "objects": read_objects,
-    "inertia": Integer(ge=1, le=MAX_INERTIA, example=DEFAULT_INERTIA),
-    "anchor": read_anchor,
+ZONE_FIELDS: dict[str, Key] = {
+    "name": Key(NAME,
+                "topic level (`.../zones/{name}`, `.../lines/{name}`), status, `reset-counts`",
+                default="required, unique among the camera's zones and lines"),
+    "polygon": Key(read_polygon,
+                   "the zone's outline: distinct points, not intersecting itself",
+                   type=f"3 to {MAX_POLYGON_POINTS} points `[x, y]`, each 0..1",
+                   default="required"),
+    "objects": Key(read_objects,
+                   "count only these labels; null: every label. They must be in the camera's `classes` when it has "
+                   "them, and in `model.labels` when the config gives the labels (labels only the model file knows "
+                   "are checked when the camera starts: a warning)",
+                   type="non-empty list of labels, or null"),
+    "inertia": Key(Integer(ge=1, le=MAX_INERTIA, example=DEFAULT_INERTIA),
+                   "consecutive frames inside before a track counts as entered, and outside before it counts as "
+                   "gone"),
+    "anchor": Key(read_anchor,
+                  "the point of the box that counts: where an object stands, or the box's centre",
+                  type="`bottom_center`, `center`"),
 }
 
-LINE_FIELDS: dict[str, Reader] = {
-    "name": NAME,
-    "points": read_line_points,
-    "objects": read_objects,
-    "anchor": read_anchor,
+LINE_FIELDS: dict[str, Key] = {
+    "name": Key(NAME,
+                "topic level (`.../zones/{name}`, `.../lines/{name}`), status, `reset-counts`",
+                default="required, unique among the camera's zones and lines"),
+    "points": Key(read_line_points,
+                  "the segment A-B; its direction decides what is `in` (below)",
+                  type="two distinct points `[[Ax, Ay], [Bx, By]]`, each 0..1",
+                  default="required"),
+    "objects": Key(read_objects,
+                   "count only these labels; null: every label. They must be in the camera's `classes` when it has "
+                   "them, and in `model.labels` when the config gives the labels (labels only the model file knows "
+                   "are checked when the camera starts: a warning)",
+                   type="non-empty list of labels, or null"),
+    "anchor": Key(read_anchor,
+                  "the point of the box that counts: where an object stands, or the box's centre",
+                  type="`bottom_center`, `center`"),
 }
 
 
@@ -110,7 +134,7 @@ def read_lines(ctx: Context, item: Item) -> Any:
     return _read_list(ctx, item, "lines", LINE_FIELDS, ("name", "points"), LineConfig)
 
 
-def _read_list(ctx: Context, item: Item, what: str, fields: dict[str, Reader], required: Sequence[str],
+def _read_list(ctx: Context, item: Item, what: str, fields: Mapping[str, Reader], required: Sequence[str],
                build: Any) -> Any:
     if item.value is None:
         return ()

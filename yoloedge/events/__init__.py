@@ -4,11 +4,9 @@ shots; `CountsStore` keeps the counts across restarts."""
 
 from .camera import EDGE_MARGIN_PX, EVENT_VERSION, UPDATE_INTERVAL_S, CameraEvents
 from .counts import COUNTS_VERSION, CountsState, CountsStore, UnknownCounts
-from .types import (Anchor, BestShot, CountKind, CountsMessage, Direction, EventBatch, EventType, LineConfig,
-                    PublishMode, ZoneConfig)
+from .types import BestShot, CountKind, CountsMessage, Direction, EventBatch, EventType
 
 __all__ = [
-    "Anchor", "BestShot", "CameraEvents", "COUNTS_VERSION", "CountKind", "CountsMessage", "CountsState",
-    "CountsStore", "Direction", "EDGE_MARGIN_PX", "EVENT_VERSION", "EventBatch", "EventType", "LineConfig",
-    "PublishMode", "UnknownCounts", "UPDATE_INTERVAL_S", "ZoneConfig",
+    "BestShot", "CameraEvents", "COUNTS_VERSION", "CountKind", "CountsMessage", "CountsState", "CountsStore",
+    "Direction", "EDGE_MARGIN_PX", "EVENT_VERSION", "EventBatch", "EventType", "UnknownCounts", "UPDATE_INTERVAL_S",
 ]

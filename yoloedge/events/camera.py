@@ -33,7 +33,8 @@ from ..tracking.types import Track, TrackFrame
 from .counts import CountsState
 from .geometry import anchor_points, points_in_polygon
 from .lines import Line, LineTrack
-from .types import BestShot, CountKind, CountsMessage, Direction, EventBatch, EventType, LineConfig, ZoneConfig
+from ..config.schema import LineConfig, ZoneConfig
+from .types import BestShot, CountKind, CountsMessage, Direction, EventBatch, EventType
 from .zones import Zone, ZoneChange, ZoneTrack
 
 log = logging.getLogger(__name__)

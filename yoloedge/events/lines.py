@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .geometry import line_sides, meets_segment, pixel_metrics
-from .types import Direction, LineConfig, Point
+from ..config.schema import LineConfig, Point
+from .types import Direction
 
 #: the band's half-width as a fraction of the box's extent across the line.
 BAND_FRACTION = 0.1

@@ -1,62 +1,12 @@
-"""The frozen types of zones, lines and events: what the config builds and what `CameraEvents`
-hands the result router. This module imports nothing of the daemon, so the config schema can use it.
-
-Coordinates of zones and lines are fractions of the frame's width and height (x right, y down), so
-a zone drawn on a snapshot survives a change of the camera's resolution.
+"""The frozen types of events: what `CameraEvents` hands the result router. The zones and lines it
+is configured with (`ZoneConfig`, `LineConfig`, `Anchor`, `PublishMode`) are the config's
+(`config.schema`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-
-Point = tuple[float, float]
-
-
-class Anchor(str, Enum):
-    """The point of a box that is in a zone or crosses a line: where an object stands on the
-    ground (the bottom centre) unless the zone or line asks for the box's centre."""
-
-    BOTTOM_CENTER = "bottom_center"
-    CENTER = "center"
-
-
-class PublishMode(str, Enum):
-    """What a camera publishes on MQTT: per-frame detections, events (and counts), or both."""
-
-    EVENTS = "events"
-    DETECTIONS = "detections"
-    BOTH = "both"
-
-    @property
-    def detections(self) -> bool:
-        return self is not PublishMode.EVENTS
-
-    @property
-    def events(self) -> bool:
-        return self is not PublishMode.DETECTIONS
-
-
-#: zone `inertia` when the config gives none: frames inside (and outside) before a track enters
-#: (leaves) the zone.
-DEFAULT_INERTIA = 3
-
-
-@dataclass(frozen=True)
-class ZoneConfig:
-    name: str
-    polygon: tuple[Point, ...]
-    objects: tuple[str, ...] | None = None  # labels that count; None: every label
-    inertia: int = DEFAULT_INERTIA
-    anchor: Anchor = Anchor.BOTTOM_CENTER
-
-
-@dataclass(frozen=True)
-class LineConfig:
-    name: str
-    points: tuple[Point, Point]  # A, B
-    objects: tuple[str, ...] | None = None
-    anchor: Anchor = Anchor.BOTTOM_CENTER
 
 
 class EventType(str, Enum):

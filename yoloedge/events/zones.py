@@ -19,7 +19,7 @@ from enum import Enum
 
 import numpy as np
 
-from .types import ZoneConfig
+from ..config.schema import ZoneConfig
 
 
 class ZoneChange(Enum):

@@ -14,13 +14,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, Sequence
 
-from ..config.model import ModelConfig
 from ..errors import ModelError
 from ..files import FileProblem, sha256_of
 
 #: hex digits of a digest shown in messages: enough to tell two files apart by eye
 SHOWN = 16
+
+
+class ModelFiles(Protocol):
+    """What names the files an opening reads: `config.ModelConfig` (the config imports `model`,
+    not the other way round)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def labels(self) -> str | Sequence[str] | None: ...
 
 
 class ModelFileChanged(ModelError):
@@ -34,7 +45,7 @@ class FileDigest:
     sha256: str
 
 
-def model_files(config: ModelConfig) -> list[tuple[str, str]]:
+def model_files(config: ModelFiles) -> list[tuple[str, str]]:
     """(what, path) of every file an opening reads: the model, and the labels file when labels
     are given as a path (a list in the config, or names in the model's metadata, read none)."""
     files = [("model file", str(config.path))]
@@ -43,7 +54,7 @@ def model_files(config: ModelConfig) -> list[tuple[str, str]]:
     return files
 
 
-def record(config: ModelConfig) -> tuple[FileDigest, ...]:
+def record(config: ModelFiles) -> tuple[FileDigest, ...]:
     """The digests of the files an opening of `config` reads, as they are now."""
     return tuple(FileDigest(what, path, _sha256(what, path)) for what, path in model_files(config))
 

@@ -16,10 +16,9 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..config.model import FORMATS
 from ..errors import LayoutError
 from ..model.spec import ModelMetadata, TensorSpec
-
-FORMATS = ("v5", "v8", "e2e", "yolox", "raw", "raw_v8")
 
 #: YOLOv5's default anchors (pixels), P3/8, P4/16, P5/32, and the P6 set for 4-level models.
 YOLOV5_ANCHORS = (

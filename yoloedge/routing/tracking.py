@@ -32,11 +32,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..config.schema import CameraConfig
+from ..config.schema import CameraConfig, TrackingConfig
 from ..events import CameraEvents, CountKind, CountsMessage, CountsStore, EventBatch
 from ..pipeline.results import FrameResult, Stage
 from ..sources.state import CameraState
-from ..tracking import Tracker, TrackIds, TrackingConfig
+from ..tracking import Tracker, TrackIds
 from .keeper import FrameKeeper
 
 log = logging.getLogger(__name__)

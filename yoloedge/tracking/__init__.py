@@ -3,8 +3,8 @@
 `Tracker.update(detections, frame_time)` -> `TrackFrame` (types.py: the seam with events and the
 router). See tracker.py for the algorithm and docs/integrations/tracking.md for the rules.
 
-`Tracker` is imported on first use: the config schema imports `types` from here, and must not load
-NumPy and OpenCV (through post-processing) for `yoloedge-ctl` or `yoloedge check`.
+`Tracker` is imported on first use: `import yoloedge.tracking` (for `Track`, `TrackIds`) need not
+load NumPy and OpenCV (through post-processing).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .ids import TrackIds
-from .types import Track, TrackFrame, TrackingConfig
+from .types import Track, TrackFrame
 
 if TYPE_CHECKING:
     from .tracker import Tracker
 
-__all__ = ["Track", "TrackFrame", "TrackIds", "Tracker", "TrackingConfig"]
+__all__ = ["Track", "TrackFrame", "TrackIds", "Tracker"]
 
 
 def __getattr__(name: str) -> Any:

@@ -36,12 +36,12 @@ from typing import Sequence
 
 import numpy as np
 
+from ..config.schema import TrackingConfig
 from ..postprocess import Detections
 from . import kalman
 from .assignment import match
 from .ids import TrackIds
-from .types import (DUPLICATE_IOU, NEW_TRACK_MARGIN, SECOND_MATCH_IOU, TENTATIVE_MATCH_COST, Track, TrackFrame,
-                    TrackingConfig)
+from .types import DUPLICATE_IOU, NEW_TRACK_MARGIN, SECOND_MATCH_IOU, TENTATIVE_MATCH_COST, Track, TrackFrame
 
 #: float noise in frame times (a media position in ms turned into seconds) must not decide
 #: whether a track has been lost for exactly lost_s.

@@ -1,7 +1,7 @@
-"""What the tracker is configured with and what it hands on: the seam between tracking, events and
-the result router. Frozen dataclasses, and a NamedTuple for `Track` (made 20 times a frame, where a
-frozen dataclass's construction alone took a tenth of the tracker's time); no numpy here: the
-config loader imports this module.
+"""What the tracker hands on: the seam between tracking, events and the result router (what it is
+configured with, `TrackingConfig`, is the config's: `config.schema`). A frozen dataclass, and a
+NamedTuple for `Track` (made 20 times a frame, where a frozen dataclass's construction alone took a
+tenth of the tracker's time); no numpy here.
 
 Times are Unix seconds (float) of the *frames*: capture time for live cameras, wall clock at open
 plus media position for files. The tracker never reads a clock of its own, so a file played faster
@@ -23,24 +23,6 @@ TENTATIVE_MATCH_COST = 0.7
 #: not upstream: two boxes of different classes overlapping at least this much in one frame are one
 #: object detected twice (class-wise NMS keeps both); the weaker one is absorbed by the stronger.
 DUPLICATE_IOU = 0.7
-
-
-@dataclass(frozen=True)
-class TrackingConfig:
-    """One camera's tracking (`tracking:` at the top level, overridden key by key per camera)."""
-
-    enabled: bool = True
-    min_hits: int = 3        # detections (in a row) before a track is confirmed
-    lost_s: float = 2.0      # a confirmed track not matched for this long (frame time) ends
-    #: detections at least this confident are matched first, and may start tracks (ByteTrack's
-    #: track_thresh; 0.25 as in supervision and Ultralytics, see the README for why not 0.5).
-    high_score: float = 0.25
-    #: the lowest score used: detections from here up to `high_score` only keep existing tracks
-    #: alive (ByteTrack's second association; 0.1 upstream).
-    low_score: float = 0.1
-    #: first association: a high-score detection matches a track at cost 1 - IoU x score at most
-    #: this (ByteTrack's match_thresh, 0.8 upstream).
-    match_thresh: float = 0.8
 
 
 class Track(NamedTuple):

@@ -39,6 +39,7 @@ from http import HTTPStatus
 from typing import Callable, Iterable
 
 from ..backoff import Backoff
+from ..config.http import normal_host, normal_ipv6, normal_name
 
 Clock = Callable[[], float]
 
@@ -49,7 +50,6 @@ AUTH_FORGET_AFTER_S = 600.0
 #: the prefix length that counts as one IPv6 client (a host can have any address in its /64)
 IPV6_CLIENT_PREFIX = 64
 
-_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 _HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[^:\[\]]+))(?::(?P<port>[0-9]{0,5}))?")
 _UNSPECIFIED = ("0.0.0.0", "::")
 
@@ -61,31 +61,8 @@ def host_of(value: str) -> str | None:
     if match is None:
         return None
     if match.group("v6") is not None:
-        return _ipv6(match.group("v6"))
+        return normal_ipv6(match.group("v6"))
     return normal_name(match.group("name"))
-
-
-def normal_host(text: str) -> str | None:
-    """A host without a port (`name`, `192.0.2.7`, `::1`, `[::1]`) as compared here, or None
-    when it is not one."""
-    if text.startswith("[") and text.endswith("]"):
-        return _ipv6(text[1:-1])
-    return _ipv6(text) if ":" in text else normal_name(text)
-
-
-def _ipv6(text: str) -> str | None:
-    try:
-        return ipaddress.IPv6Address(text).compressed
-    except ValueError:
-        return None
-
-
-def normal_name(name: str) -> str | None:
-    """A host name or IPv4 address as compared here, or None when it is neither."""
-    name = name[:-1] if name.endswith(".") else name
-    if len(name) > 253 or not _NAME.fullmatch(name) or ".." in name:
-        return None
-    return name.lower()
 
 
 def is_loopback_host(host: str) -> bool:
