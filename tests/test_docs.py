@@ -32,8 +32,6 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 COMMAND_START = re.compile(r"^(?:\$\s+)?(?:sudo\s+(?:-\S+\s+)*)?(?:[\w./~-]*/)?(yoloedge(?:-ctl)?)(?=\s|$)")
 SCRIPT_PATH = re.compile(r"(?<![\w./-])scripts/[\w./-]*[\w/]")
 SHELL_BLOCKS = {"sh", "bash", "shell", "console", "ini", ""}
-#: pages another change generates; a link to one counts while it is absent, in full once it exists
-GENERATED = {REPO / "docs" / "configuration.md"}
 
 
 def _page_id(page: Path) -> str:
@@ -107,7 +105,7 @@ def link_problem(page: Path, target: str) -> str | None:
     if not resolved.is_relative_to(REPO):
         return f"{target}: points outside the repository"
     if not resolved.exists():
-        return None if resolved in GENERATED and not anchor else f"{target}: no such file"
+        return f"{target}: no such file"
     if anchor:
         if resolved.suffix != ".md" or not resolved.is_file():
             return f"{target}: an anchor into something that is not a markdown page"

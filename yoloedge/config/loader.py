@@ -482,7 +482,7 @@ TOP_FIELDS: dict[str, Key] = {
                 type="mapping or null",
                 default="listen on `127.0.0.1:8480`"),
     "tracking": Key(read_tracking,
-                    "tracking defaults for every camera (see [Tracking](../README.md#tracking))",
+                    "tracking defaults for every camera (see [Tracking](integrations/tracking.md))",
                     type="mapping or null",
                     default="defaults below"),
     "shutdown_timeout_s": Key(Number(gt=0, le=MAX_WAIT_S, example=10),
@@ -566,8 +566,8 @@ MQTT_FIELDS: dict[str, Key] = {
                      "shipped unit use `/var/lib/yoloedge/spool` (inside its `StateDirectory`). Refused (exit 78): "
                      "a directory holding anything but the spool's own files, a system directory (`/`, `/etc`, "
                      "`/var/lib`, `/tmp`, the service's own `/var/lib/yoloedge` ...), a symlink, one writable by "
-                     "every user, or one owned by another user (see \"The spool directory\" under [MQTT topics and "
-                     "payloads](#mqtt-topics-and-payloads))",
+                     "every user, or one owned by another user (see [The spool directory]"
+                     "(integrations/mqtt.md#the-spool-directory))",
                      type="path or null"),
     "spool_limit_bytes": Key(Integer(ge=MIN_SPOOL_BYTES, le=MAX_SPOOL_BYTES, example=268435456),
                              "most disk space for `spool_dir`; beyond it the oldest messages are deleted and "
