@@ -150,7 +150,7 @@ class ControlServer:
             info = os.stat(self.path)
             self._identity = (info.st_dev, info.st_ino)
             self._mux, self.acceptor = mux, mux.acceptor
-            mux.start("control-io")
+            mux.start()
         log.info("control socket listening at %s (mode %o)", self.path, self.mode)
 
     def _serve(self, listener: socket.socket) -> Multiplexer[_Client]:
@@ -161,7 +161,7 @@ class ControlServer:
                         evicted_notice=encode(_error("too many connections; dropped the one waiting longest")))
         service = Service(_Client, self._next_request, self._expired)
         try:
-            return Multiplexer("control socket", listener, service, limits,
+            return Multiplexer("control", "control socket", listener, service, limits,
                                refusal=encode(_error(OUT_OF_DESCRIPTORS)), clock=self.clock)
         except OSError as exc:
             listener.close()

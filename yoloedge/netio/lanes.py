@@ -31,21 +31,19 @@ class LaneLimit:
 
 
 class HandlerLanes:
-    """Jobs per lane (see the module docstring). `deadline_covers_handler`: whether a connection's
-    deadline keeps running while its handler computes (else it is lifted until the reply)."""
+    """Jobs per lane (see the module docstring); `name` names the threads, `what` the server in
+    the log. `deadline_covers_handler`: whether a connection's deadline keeps running while its
+    handler computes (else it is lifted until the reply)."""
 
-    def __init__(self, name: str, limits: Mapping[Hashable, LaneLimit], poke: Callable[[], None],
+    def __init__(self, name: str, what: str, limits: Mapping[Hashable, LaneLimit], poke: Callable[[], None],
                  deadline_covers_handler: bool) -> None:
-        self._name = name
+        self._name, self._what = name, what
         self._limits = dict(limits)
         self._poke = poke
         self._deadline_covers_handler = deadline_covers_handler
         self._results: queue.SimpleQueue[tuple[Connection, Completion | None]] = queue.SimpleQueue()
         self._running = dict.fromkeys(self._limits, 0)
         self._waiting = {lane: collections.deque[Connection]() for lane in self._limits}
-
-    def running(self, lane: Hashable) -> int:
-        return self._running[lane]
 
     def waiting(self, lane: Hashable) -> int:
         return len(self._waiting[lane])
@@ -108,7 +106,7 @@ class HandlerLanes:
         try:
             completion = job()
         except Exception:  # noqa: BLE001 -- logged; the connection is closed, the server goes on
-            log.exception("%s: a request handler failed", self._name)
+            log.exception("%s: a request handler failed", self._what)
         finally:
             self._results.put((conn, completion))
             self._poke()

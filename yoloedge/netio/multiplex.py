@@ -83,11 +83,13 @@ class Service(Generic[C]):
 class Multiplexer(Generic[C]):
     """Serves `listener`'s connections for `service` (see the module docstring). Made by the
     server's start(), with the selector and wake socket it needs: out of file descriptors, the
-    constructor raises OSError (closing what it made, not `listener`) rather than the thread dying."""
+    constructor raises OSError (closing what it made, not `listener`) rather than the thread dying.
+    `name` names the threads (`name`-io, `name`-handler), `what` the server in the log; `refusal`
+    is what a client refused for want of a descriptor is sent."""
 
-    def __init__(self, what: str, listener: socket.socket, service: Service[C], limits: Limits, *,
+    def __init__(self, name: str, what: str, listener: socket.socket, service: Service[C], limits: Limits, *,
                  refusal: bytes, clock: Clock = time.monotonic) -> None:
-        self.what = what
+        self.name, self.what = name, what
         self.limits = limits
         self._listener = listener
         self._service = service
@@ -99,13 +101,13 @@ class Multiplexer(Generic[C]):
             self._selector.close()
             raise
         self.acceptor = Acceptor(what, refusal, clock=clock)
-        self.lanes = HandlerLanes(what, limits.lanes, self._waker.poke, limits.deadline_covers_handler)
+        self.lanes = HandlerLanes(name, what, limits.lanes, self._waker.poke, limits.deadline_covers_handler)
         self.connections: list[C] = []  # I/O thread only
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, thread_name: str) -> None:
-        self._thread = threading.Thread(target=self._loop, name=thread_name, daemon=True)
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"{self.name}-io", daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float | None = None) -> bool:

@@ -219,21 +219,21 @@ class HttpServer:
             listener.listen(MAX_CONNECTIONS)
             listener.setblocking(False)
             # here, not in the thread: out of file descriptors, start() fails rather than the thread
-            mux = Multiplexer("HTTP endpoint", listener, self._service(), self._limits(),
+            mux = Multiplexer("http", "HTTP endpoint", listener, self._service(), self._limits(),
                               refusal=_OUT_OF_DESCRIPTORS, clock=self._clock)
         except OSError:
             listener.close()
             raise
         self._listener, self._mux, self.acceptor = listener, mux, mux.acceptor
         self._delayed = []
-        mux.start("http-io")
+        mux.start()
 
     def _limits(self) -> Limits:
         return Limits(MAX_CONNECTIONS, self._timeout_s, {None: LaneLimit(HANDLERS, MAX_WAITING)},
                       recv_bytes=_RECV_BYTES, deadline_covers_handler=True)
 
     def _service(self) -> Service[_Exchange]:
-        return Service(_Exchange, self._received, lambda conn: self._close(conn),
+        return Service(_Exchange, self._received, self._close,
                        due=lambda: min((c.send_at for c in self._delayed), default=None),
                        tick=self._release_delayed)
 
