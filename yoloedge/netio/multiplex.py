@@ -338,23 +338,8 @@ class Multiplexer(Generic[C]):
 
     def watch(self, conn: C) -> None:
         """Register the events the connection's phase waits for (none while queued, handled or delayed)."""
-        if conn.closed:
-            return
-        wanted = {Phase.READING: selectors.EVENT_READ, Phase.WRITING: selectors.EVENT_WRITE}.get(conn.phase, 0)
-        if conn.phase is Phase.STREAMING:  # reading only to notice the client leaving
-            wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbox else 0)
-        try:
-            registered = self._selector.get_key(conn.sock).events
-        except KeyError:
-            registered = 0
-        if wanted == registered:
-            return
-        if not wanted:
-            self._selector.unregister(conn.sock)
-        elif registered:
-            self._selector.modify(conn.sock, wanted, conn)
-        else:
-            self._selector.register(conn.sock, wanted, conn)
+        if not conn.closed:
+            _register(self._selector, conn)
 
     def close(self, conn: Connection) -> None:
         if conn.closed:
@@ -376,6 +361,24 @@ class Multiplexer(Generic[C]):
     def _close_all(self) -> None:
         for conn in list(self.connections):
             self.close(conn)
+
+
+def _register(selector: selectors.BaseSelector, conn: Connection) -> None:
+    wanted = {Phase.READING: selectors.EVENT_READ, Phase.WRITING: selectors.EVENT_WRITE}.get(conn.phase, 0)
+    if conn.phase is Phase.STREAMING:  # reading only to notice the client leaving
+        wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbox else 0)
+    try:
+        registered = selector.get_key(conn.sock).events
+    except KeyError:
+        registered = 0
+    if wanted == registered:
+        return
+    if not wanted:
+        selector.unregister(conn.sock)
+    elif registered:
+        selector.modify(conn.sock, wanted, conn)
+    else:
+        selector.register(conn.sock, wanted, conn)
 
 
 def _try_send(sock: socket.socket, data: bytes, what: str) -> None:
