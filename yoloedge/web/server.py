@@ -4,9 +4,9 @@ Not `http.server.ThreadingHTTPServer`: it spends a thread per connection for as 
 client takes, so a few clients that dribble a header line every few seconds (slowloris) or
 never read their reply would hold any number of threads. Here, as for the control socket, one I/O
 thread multiplexes every connection with non-blocking sockets (`netio.multiplex`; this module
-parses heads, routes and authenticates); only a complete, parsed request reaches one of
-`HANDLERS` handler threads, which build the reply (a scrape, a JSON status) and hand it back for
-the I/O thread to write. The pipeline never waits on any of it.
+parses heads, routes and authenticates); only a complete, parsed request reaches a handler
+thread (at most `HANDLERS` at once), which builds the reply (a scrape, a JSON status) and hands it
+back for the I/O thread to write. The pipeline never waits on any of it.
 
 Bounds: a request head is at most `MAX_HEAD_BYTES` (431 past it); the whole exchange (head, wait
 for a handler, writing the reply) must end within `timeout_s` of the accept, or the connection
