@@ -38,23 +38,21 @@ class Clock:
 clock = Clock()
 if kind == "http":
     from http import HTTPStatus
-    from yoloedge.web import server as module
     from yoloedge.web.server import HttpServer, Router, text_response
     router = Router(clock)
     router.add("/x", lambda request: text_response(HTTPStatus.OK, "fine"))
     server = HttpServer("127.0.0.1", 0, router, clock=clock)
     server.start()
     address, family = ("127.0.0.1", server.address[1]), socket.AF_INET
-    wake = lambda: module._poke(server._wake_w)
+    wake = server._mux.poke
     request = b"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 else:
-    from yoloedge.control import server as module
     from yoloedge.control.server import ControlServer
     server = ControlServer(os.path.join(folder, "c.sock"), 0o600, lambda r: {"ok": True, "fine": 1},
                            clock=clock)
     server.start()
     address, family = server.path, socket.AF_UNIX
-    wake = lambda: module._poke(server._wake[1])
+    wake = server._mux.poke
     request = b'{"cmd": "status"}\n'
 
 

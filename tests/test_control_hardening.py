@@ -25,7 +25,8 @@ from yoloedge.control import protocol
 from yoloedge.control.client import ControlError, request
 from yoloedge.control import server as server_module
 from yoloedge.control.server import (MAX_CONNECTIONS, MAX_HANDLERS, MAX_MALFORMED_LINES, MAX_REQUEST_BYTES,
-                                     ControlServer, Lane, Phase)
+                                     ControlServer, Lane)
+from yoloedge.netio.connection import Phase
 from yoloedge.config.loader import load_config
 from yoloedge.daemon import Daemon as YoloDaemon
 from yoloedge.pipeline.groups import AcceleratorGroup
@@ -265,7 +266,7 @@ def test_the_deadline_covers_the_whole_request_not_each_read(server, clock):
             sock.sendall(b" ")
             time.sleep(0.02)
         # accepted and read (at clock 1000) before the clock moves, however slow the I/O thread
-        wait_for(lambda: [bytes(c.buffer) for c in list(server._connections)] == [b'{"cmd":' + b" " * 10])
+        wait_for(lambda: [bytes(c.buffer) for c in list(server._mux.connections)] == [b'{"cmd":' + b" " * 10])
         clock.now += 4.9
         sock.sendall(b" ")
         sock.settimeout(0.6)  # > the I/O thread's longest sleep: it has looked at the clock
@@ -305,8 +306,8 @@ def test_a_client_that_never_reads_its_reply_is_dropped_and_pins_nothing(server,
     with connect(server.path) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.sendall(b'{"cmd": "big"}\n')
-        wait_for(lambda: any(c.phase is Phase.WRITING and c.outbox for c in list(server._connections)))
-        stuck = next(c for c in list(server._connections) if c.phase is Phase.WRITING)
+        wait_for(lambda: any(c.phase is Phase.WRITING and c.outbox for c in list(server._mux.connections)))
+        stuck = next(c for c in list(server._mux.connections) if c.phase is Phase.WRITING)
         assert still_serving(server.path)  # while the 8 MB reply is stuck
         clock.now += 5.1
         wait_for(lambda: stuck.closed)  # before reading: a reader would drain the reply in time
@@ -399,13 +400,13 @@ def test_handlers_are_bounded_requests_wait_their_turn_until_their_deadline(serv
         wait_for(lambda: len(handler.requests) == MAX_HANDLERS)
         with connect(server.path) as late:
             late.sendall(b'{"cmd": "status"}\n')
-            wait_for(lambda: len(server._queued[Lane.QUICK]) == 1)
+            wait_for(lambda: server._mux.lanes.waiting(Lane.QUICK) == 1)
             assert len(handler.requests) == MAX_HANDLERS, "no fifth handler"
             clock.now += 5.1
             assert json.loads(late.makefile("rb").readline()) == {"ok": False, "error": "server busy, try again"}
         with connect(server.path) as later:
             later.sendall(b'{"cmd": "status"}\n')  # queued, then served as soon as a handler is free
-            wait_for(lambda: len(server._queued[Lane.QUICK]) == 1)
+            wait_for(lambda: server._mux.lanes.waiting(Lane.QUICK) == 1)
             handler.release.set()
             assert json.loads(later.makefile("rb").readline()) == {"ok": True, "state": "running"}
         for sock in waiting:
@@ -424,7 +425,7 @@ def test_slow_commands_never_make_status_wait(sock_dir, handler, thread_crashes)
         try:
             for sock in waiting:
                 sock.sendall(b'{"cmd": "wait"}\n')
-            wait_for(lambda: len(srv._queued[Lane.SLOW]) == 2 and len(handler.requests) == MAX_HANDLERS)
+            wait_for(lambda: srv._mux.lanes.waiting(Lane.SLOW) == 2 and len(handler.requests) == MAX_HANDLERS)
             assert request(path, {"cmd": "status"}, timeout=5.0) == {"ok": True, "state": "running"}
             assert len(handler.requests) == MAX_HANDLERS + 1, "slow ones beyond their slots wait"
             handler.release.set()
@@ -439,9 +440,9 @@ def test_slow_commands_never_make_status_wait(sock_dir, handler, thread_crashes)
 def test_waking_a_stalled_io_thread_never_blocks(server, clock):
     """Handler threads and stop() poke the I/O thread; a full wake socket must not block them."""
     clock.go.clear()
-    server_module._poke(server._wake[1])  # the I/O thread wakes, reads the clock, and is held
+    server._mux.poke()  # the I/O thread wakes, reads the clock, and is held
     assert clock.held.wait(5)
-    poker = threading.Thread(target=lambda: [server_module._poke(server._wake[1]) for _ in range(100_000)],
+    poker = threading.Thread(target=lambda: [server._mux.poke() for _ in range(100_000)],
                              daemon=True)
     poker.start()
     poker.join(10)

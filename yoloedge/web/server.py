@@ -2,24 +2,26 @@
 
 Not `http.server.ThreadingHTTPServer`: it spends a thread per connection for as long as the
 client takes, so a few clients that dribble a header line every few seconds (slowloris) or
-never read their reply would hold any number of threads. Here, as in `control.server`, one I/O
-thread multiplexes every connection with non-blocking sockets; only a complete, parsed request
-reaches one of `HANDLERS` handler threads, which build the reply (a scrape, a JSON status) and
-hand it back for the I/O thread to write. The pipeline never waits on any of it.
+never read their reply would hold any number of threads. Here, as for the control socket, one I/O
+thread multiplexes every connection with non-blocking sockets (`netio.multiplex`; this module
+parses heads, routes and authenticates); only a complete, parsed request reaches a handler
+thread (at most `HANDLERS` at once), which builds the reply (a scrape, a JSON status) and hands it
+back for the I/O thread to write. The pipeline never waits on any of it.
 
-Bounds: a request head is at most `MAX_HEAD_BYTES` (431 past it); the whole exchange (head,
-wait for a handler, writing the reply) must end within `timeout_s` of the accept, or the
-connection is closed; at most `MAX_CONNECTIONS` are kept, a new one evicting the connection that
-has waited longest for its request (a crowd of silent clients delays a scrape by one accept);
-at most `MAX_WAITING` parsed requests wait for a handler, more are answered 503 at once. Every
-reply closes its connection (no keep-alive: a scrape every few seconds does not need it, and a
-held-open connection is one more thing to bound). GET and HEAD only.
+Bounds: a request head is at most `MAX_HEAD_BYTES` (431 past it); the whole exchange (head, wait
+for a handler, writing the reply) must end within `timeout_s` of the accept, or the connection
+is closed; at most `MAX_CONNECTIONS` are kept, a new one evicting the connection that has waited
+longest for its request, else (none is still reading) the oldest: a crowd of silent clients
+delays a scrape by one accept; at most `MAX_WAITING` parsed requests wait for a handler, more
+are answered 503 at once. Every reply closes its connection (no keep-alive: a scrape every few
+seconds does not need it, and a held-open connection is one more thing to bound). GET and HEAD
+only.
 
 Before routing, the Host header is checked (`access.HostPolicy`: 421 for a name the endpoint is
 not meant for, which is what a DNS-rebinding page sends), then basic auth (`BasicAuth`), in
 constant time; a refused request gets 401 with `WWW-Authenticate`, and the credentials are never
 logged. A client whose last credentials were wrong gets its 401 late (`access.AuthThrottle`):
-the reply is parked (`ConnState.DELAYED`) and written by the I/O thread when it is due, so a
+the reply is parked (`Phase.DELAYED`) and written by the I/O thread when it is due, so a
 delay holds no thread. Out of file descriptors, accept() is `accept.Acceptor`'s: refuse with 503
 and close, pause the listener, retry.
 """
@@ -28,22 +30,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-import collections
 import hashlib
 import hmac
 import logging
-import math
-import queue
-import selectors
 import socket
-import threading
 import time
-from dataclasses import dataclass, field, replace
-from enum import Enum
+from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import Callable
 
 from ..accept import Acceptor
+from ..netio.connection import Connection, Phase
+from ..netio.lanes import LaneLimit
+from ..netio.multiplex import Limits, Multiplexer, Service
 from ..textsafe import printable
 from .access import AuthThrottle, HostPolicy
 
@@ -57,8 +56,6 @@ HANDLERS = 2
 #: parsed requests waiting for a handler; more are answered 503 at once
 MAX_WAITING = 16
 REQUEST_TIMEOUT_S = 10.0
-#: the I/O thread re-reads the clock at least this often while connections are open
-MAX_WAIT_S = 0.25
 _RECV_BYTES = 16384
 
 Clock = Callable[[], float]
@@ -180,24 +177,10 @@ class Router:
         return replace(_UNAUTHORIZED, delay_s=self.throttle.failed(request.client))
 
 
-class ConnState(Enum):
-    READING = "reading"  # waiting for the request head
-    HANDLING = "handling"  # parsed, waiting for or inside a handler
-    DELAYED = "delayed"  # the reply is built and held until `send_at`
-    WRITING = "writing"  # the reply is being written
-
-
 @dataclass(eq=False)
-class _Connection:
-    sock: socket.socket
-    deadline: float
-    peer: str = ""
-    state: ConnState = ConnState.READING
-    inbuf: bytearray = field(default_factory=bytearray)
-    out: memoryview | None = None
+class _Exchange(Connection):
     held: bytes = b""  # a DELAYED reply
     send_at: float = 0.0  # when it is due
-    closed: bool = False
 
 
 class HttpServer:
@@ -210,16 +193,9 @@ class HttpServer:
         self._timeout_s = timeout_s
         self._clock = clock
         self._listener: socket.socket | None = None
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._jobs: queue.Queue[tuple[_Connection, Request] | None] = queue.Queue(MAX_WAITING)
-        self._done: collections.deque[tuple[_Connection, bytes, float]] = collections.deque()
-        self._connections: dict[socket.socket, _Connection] = {}
-        self._delayed: list[_Connection] = []  # I/O thread only
+        self._mux: Multiplexer[_Exchange] | None = None  # from start() to stop()
+        self._delayed: list[_Exchange] = []  # I/O thread only
         self.acceptor: Acceptor | None = None  # from start(); its stats() for the daemon's status
-        self._stopping = threading.Event()
-        self._threads: list[threading.Thread] = []
 
     @property
     def address(self) -> tuple[str, int]:
@@ -242,166 +218,72 @@ class HttpServer:
             listener.bind((self.host, self.port))
             listener.listen(MAX_CONNECTIONS)
             listener.setblocking(False)
+            # here, not in the thread: out of file descriptors, start() fails rather than the thread
+            mux = Multiplexer("http", "HTTP endpoint", listener, self._service(), self._limits(),
+                              refusal=_OUT_OF_DESCRIPTORS, clock=self._clock)
         except OSError:
             listener.close()
-            self._close_wake()
             raise
-        try:  # here, not in the thread: out of file descriptors, start() fails rather than the thread
-            selector = selectors.DefaultSelector()
-        except OSError:
-            listener.close()
-            self._close_wake()
-            raise
-        self._listener = listener
-        self.acceptor = Acceptor("HTTP endpoint", _OUT_OF_DESCRIPTORS, clock=self._clock)
-        self._threads = [threading.Thread(target=self._io_loop, args=(selector,), name="http-io", daemon=True)]
-        self._threads += [threading.Thread(target=self._handle_loop, name=f"http-{i}", daemon=True)
-                          for i in range(HANDLERS)]
-        for thread in self._threads:
-            thread.start()
+        self._listener, self._mux, self.acceptor = listener, mux, mux.acceptor
+        self._delayed = []
+        mux.start()
+
+    def _limits(self) -> Limits:
+        return Limits(MAX_CONNECTIONS, self._timeout_s, {None: LaneLimit(HANDLERS, MAX_WAITING)},
+                      recv_bytes=_RECV_BYTES, deadline_covers_handler=True)
+
+    def _service(self) -> Service[_Exchange]:
+        return Service(_Exchange, self._received, self._close,
+                       due=lambda: min((c.send_at for c in self._delayed), default=None),
+                       tick=self._release_delayed)
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Close the listener and every connection; a handler busy with a reply is not waited
-        for past `timeout_s` (it is a daemon thread and holds no lock of the pipeline)."""
-        if self._listener is None:
+        for (it is a daemon thread and holds no lock of the pipeline)."""
+        mux = self._mux
+        if mux is None:
             return
-        self._stopping.set()
-        _poke(self._wake_w)
-        for _ in range(HANDLERS):
-            try:
-                self._jobs.put(None, timeout=timeout_s)
-            except queue.Full:
-                break
-        deadline = time.monotonic() + timeout_s
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        self._listener = None
+        mux.stop(timeout_s)
+        self._mux = self._listener = None
 
-    # -- handler threads ---------------------------------------------------------------------
-    def _handle_loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            conn, request = job
-            try:
-                response = self._app(request)
-            except Exception:  # noqa: BLE001 - one failed reply must not end the endpoint
-                log.exception("HTTP %s %s failed", printable(request.method), printable(request.path[:200]))
-                response = text_response(HTTPStatus.INTERNAL_SERVER_ERROR)
-            self._done.append((conn, response.encode(request.method == "HEAD"), response.delay_s))
-            _poke(self._wake_w)
-
-    # -- I/O thread --------------------------------------------------------------------------
-    def _io_loop(self, selector: selectors.BaseSelector) -> None:
-        listener, acceptor = self._listener, self.acceptor
-        if listener is None or acceptor is None:
+    # -- the I/O thread ------------------------------------------------------------------------
+    def _received(self, conn: _Exchange) -> None:
+        """Parse the head once it is complete, and hand it to a handler."""
+        mux = self._mux
+        if mux is None or conn.eof:
+            self._close(conn)
             return
-        selector.register(listener, selectors.EVENT_READ, None)
-        selector.register(self._wake_r, selectors.EVENT_READ, None)
-        try:
-            while not self._stopping.is_set():
-                for key, events in selector.select(self._wait_s()):
-                    if key.fileobj is listener:
-                        self._accept(selector, listener, acceptor)
-                    elif key.fileobj is self._wake_r:
-                        _drain(self._wake_r)
-                    elif events & selectors.EVENT_READ and key.data.state is ConnState.READING:
-                        self._read(selector, key.data)
-                    elif events & selectors.EVENT_WRITE:
-                        self._flush(selector, key.data)
-                self._collect_replies(selector)
-                self._release_delayed(selector)
-                self._expire(selector)
-                acceptor.resume(selector)
-        except Exception:  # noqa: BLE001 - logged; the daemon runs on without its endpoint
-            log.exception("HTTP endpoint failed; /metrics and /api/status are unavailable until a restart")
-        finally:
-            for conn in list(self._connections.values()):
-                self._close(selector, conn)
-            selector.close()
-            listener.close()
-            acceptor.close()
-            self._close_wake()
-
-    def _close_wake(self) -> None:
-        self._wake_r.close()
-        self._wake_w.close()
-
-    def _wait_s(self) -> float:
-        pause = self.acceptor.wait_s() if self.acceptor is not None else None
-        if not self._connections:
-            return MAX_WAIT_S * 4 if pause is None else min(MAX_WAIT_S * 4, pause)
-        earliest = min(min(c.deadline for c in self._connections.values()),
-                       min((c.send_at for c in self._delayed), default=math.inf))
-        wait = min(MAX_WAIT_S, max(0.0, earliest - self._clock()))
-        return wait if pause is None else min(wait, pause)
-
-    def _accept(self, selector: selectors.BaseSelector, listener: socket.socket, acceptor: Acceptor) -> None:
-        for _ in range(MAX_CONNECTIONS):  # empty the backlog: a full one refuses the next scrape
-            accepted = acceptor.accept(selector, listener, shed=lambda: self._evict_oldest_reader(selector, True))
-            if accepted is None:
-                return
-            sock, address = accepted
-            sock.setblocking(False)
-            if len(self._connections) >= MAX_CONNECTIONS:
-                self._evict_oldest_reader(selector)
-            conn = _Connection(sock, self._clock() + self._timeout_s, peer=str(address[0]))
-            self._connections[sock] = conn
-            selector.register(sock, selectors.EVENT_READ, conn)
-
-    def _evict_oldest_reader(self, selector: selectors.BaseSelector, readers_only: bool = False) -> bool:
-        """The one waiting longest for its request; when every connection has one (clients that
-        do not read their replies), the oldest of all unless `readers_only`. Says whether it closed one."""
-        readers = [c for c in self._connections.values() if c.state is ConnState.READING]
-        if not readers and (readers_only or not self._connections):
-            return False
-        oldest = min(readers or self._connections.values(), key=lambda c: c.deadline)
-        self._close(selector, oldest)
-        return True
-
-    def _read(self, selector: selectors.BaseSelector, conn: _Connection) -> None:
-        try:
-            data = conn.sock.recv(_RECV_BYTES)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self._close(selector, conn)
-            return
-        if not data:
-            self._close(selector, conn)
-            return
-        conn.inbuf += data
-        end = conn.inbuf.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+        end = conn.buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
         if end < 0:
-            if len(conn.inbuf) > MAX_HEAD_BYTES:
-                self._reply(selector, conn, text_response(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE).encode(False))
+            if len(conn.buffer) > MAX_HEAD_BYTES:
+                self._reply(conn, text_response(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE).encode(False))
             return
-        request = parse_head(bytes(conn.inbuf[:end]), conn.peer)
+        request = parse_head(bytes(conn.buffer[:end]), conn.peer)
         if isinstance(request, Response):
-            self._reply(selector, conn, request.encode(False))
-            return
-        conn.state = ConnState.HANDLING
-        selector.unregister(conn.sock)  # more bytes (a body, an EOF) would only wake the loop for nothing
+            self._reply(conn, request.encode(False))
+        elif not mux.submit(conn, None, lambda: self._respond(conn, request)):
+            self._reply(conn, text_response(HTTPStatus.SERVICE_UNAVAILABLE).encode(False))
+
+    def _respond(self, conn: _Exchange, request: Request) -> Callable[[], None]:
+        """Handler thread: build the reply; the I/O thread writes it (the completion returned)."""
         try:
-            self._jobs.put_nowait((conn, request))
-        except queue.Full:
-            self._reply(selector, conn, text_response(HTTPStatus.SERVICE_UNAVAILABLE).encode(False))
+            response = self._app(request)
+        except Exception:  # noqa: BLE001 - one failed reply must not end the endpoint
+            log.exception("HTTP %s %s failed", printable(request.method), printable(request.path[:200]))
+            response = text_response(HTTPStatus.INTERNAL_SERVER_ERROR)
+        data = response.encode(request.method == "HEAD")
+        return lambda: self._replied(conn, data, response.delay_s)
 
-    def _collect_replies(self, selector: selectors.BaseSelector) -> None:
-        while self._done:
-            conn, data, delay_s = self._done.popleft()
-            if conn.closed:
-                continue
-            if delay_s <= 0:
-                self._reply(selector, conn, data)
-                continue
-            conn.state, conn.held = ConnState.DELAYED, data
-            conn.send_at = self._clock() + delay_s
-            conn.deadline = max(conn.deadline, conn.send_at + self._timeout_s)  # time to write it then
-            self._delayed.append(conn)
+    def _replied(self, conn: _Exchange, data: bytes, delay_s: float) -> None:
+        if delay_s <= 0:
+            self._reply(conn, data)
+            return
+        conn.phase, conn.held = Phase.DELAYED, data
+        conn.send_at = self._clock() + delay_s
+        conn.deadline = max(conn.deadline or 0.0, conn.send_at + self._timeout_s)  # time to write it then
+        self._delayed.append(conn)
 
-    def _release_delayed(self, selector: selectors.BaseSelector) -> None:
+    def _release_delayed(self) -> None:
         """Write the held replies that are due; forget those whose connection is gone."""
         if not self._delayed:
             return
@@ -413,47 +295,15 @@ class HttpServer:
         for conn in due:
             if not conn.closed:
                 data, conn.held = conn.held, b""
-                self._reply(selector, conn, data)
+                self._reply(conn, data)
 
-    def _reply(self, selector: selectors.BaseSelector, conn: _Connection, data: bytes) -> None:
-        conn.state = ConnState.WRITING
-        conn.out = memoryview(data)
-        try:
-            selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
-        except KeyError:  # unregistered while its request was handled
-            selector.register(conn.sock, selectors.EVENT_WRITE, conn)
-        self._flush(selector, conn)
+    def _reply(self, conn: _Exchange, data: bytes) -> None:
+        if self._mux is not None:
+            self._mux.send(conn, data, close=True)  # no keep-alive
 
-    def _flush(self, selector: selectors.BaseSelector, conn: _Connection) -> None:
-        out = conn.out
-        if out is None:
-            return
-        try:
-            sent = conn.sock.send(out)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self._close(selector, conn)
-            return
-        conn.out = out[sent:]
-        if not conn.out:
-            self._close(selector, conn)
-
-    def _expire(self, selector: selectors.BaseSelector) -> None:
-        now = self._clock()
-        for conn in [c for c in self._connections.values() if c.deadline <= now]:
-            self._close(selector, conn)
-
-    def _close(self, selector: selectors.BaseSelector, conn: _Connection) -> None:
-        if conn.closed:
-            return
-        conn.closed = True
-        self._connections.pop(conn.sock, None)
-        try:
-            selector.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass  # never registered, or already gone
-        conn.sock.close()
+    def _close(self, conn: _Exchange) -> None:
+        if self._mux is not None:
+            self._mux.close(conn)
 
 
 def parse_head(head: bytes, client: str = "") -> Request | Response:
@@ -480,16 +330,3 @@ def parse_head(head: bytes, client: str = "") -> Request | Response:
     return Request(method, path, query, headers, version, client)
 
 
-def _poke(sock: socket.socket) -> None:
-    try:
-        sock.send(b"\0")
-    except (BlockingIOError, OSError):
-        pass  # already poked (the pipe is full), or closing: the I/O thread wakes either way
-
-
-def _drain(sock: socket.socket) -> None:
-    try:
-        while sock.recv(4096):
-            pass
-    except (BlockingIOError, OSError):
-        pass  # empty
