@@ -21,7 +21,8 @@ from yoloedge.config.schema import CameraConfig
 from yoloedge.pipeline.queues import FrameQueue
 from yoloedge.sources import CameraReader, CameraState, Frame
 from yoloedge.sources import reader as reader_module
-from yoloedge.sources.capture import SourceError, SourceKind, open_source, source_kind
+from yoloedge.sources.base import SourceError, SourceKind, source_kind
+from yoloedge.sources.opening import open_source
 from yoloedge.sources.reader import IndexSampler, TimeSampler
 
 AVI = "indoor_people_480p_mpeg4.avi"  # 84 frames, 640x480, 15 fps

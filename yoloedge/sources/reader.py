@@ -43,10 +43,10 @@ from ..metrics import RateMeter
 from ..redact import SECRETS, redact_text
 from ..threads import lower_priority
 from ..timeutil import utc_timestamp
-from .capture import Source, SourceError, SourceKind, UnsupportedSourceError
+from .base import Source, SourceError, SourceKind, UnsupportedSourceError
 from .frame import Frame, FrameSink, SinkClosed
 from .framepool import FramePool
-from .gstreamer import camera_description, open_camera
+from .opening import camera_description, open_camera
 from .imagesize import DEFAULT_LIMITS, ImageLimits, over_pixel_bound
 from .state import CameraState
 
