@@ -250,7 +250,7 @@ def _probe(clip: str, cameras: int, seconds: float, decode_threads: int, fps: fl
     from ..config.schema import CameraConfig
     from ..sources.framepool import FramePool
     from ..sources.opening import open_camera
-    from ..sources.reader import IndexSampler
+    from ..sources.delivery import IndexSampler
 
     before = sample_process(os.getpid())
     sources = [open_camera(CameraConfig(name=f"cam{i:02d}", url=clip, loop=True, decode_threads=decode_threads,
