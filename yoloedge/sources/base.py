@@ -103,8 +103,8 @@ class Source:
     is_live: bool = True
     #: frames per second the source delivers, when it says so (files); None when unknown
     nominal_fps: float | None = None
-    #: the JPEG decoder in use (`jpeg.JpegDecoderKind` value) for folders and HTTP cameras; None
-    #: for sources whose frames are not JPEGs
+    #: the JPEG decoder in use (a `config.sources.JpegDecoderKind` value) for folders and HTTP
+    #: cameras; None for sources whose frames are not JPEGs
     jpeg_decoder: str | None = None
     #: retrieve() converts into the array it is given (OpenCV captures): the reader lends it one
     #: from its `FramePool`. Other sources hand over arrays of their own and ignore it.
