@@ -276,14 +276,15 @@ def run_tensorrt_plan(label: str, engine: Path, source: Path, shared: Path, cuda
 # -- GPU JPEG ------------------------------------------------------------------------------------------------
 
 def check_jpeg(shared: Path) -> list[Row]:
+    from yoloedge.config.sources import INSTALL_HINTS, JpegDecoderKind, jpeg_decoder_installed
     from yoloedge.sources import jpeg
 
     media = shared / "testdata" / "media"
     blobs = [(p.name, p.read_bytes()) for p in sorted(media.glob("*.jpg"))]
     rows = []
-    for kind in (jpeg.JpegDecoderKind.NVIMGCODEC, jpeg.JpegDecoderKind.NVJPEG):
-        if not jpeg.installed(kind):
-            rows.append(Row(f"jpeg {kind.value}", SKIP, f"not installed ({jpeg.INSTALL_HINTS[kind]})"))
+    for kind in (JpegDecoderKind.NVIMGCODEC, JpegDecoderKind.NVJPEG):
+        if not jpeg_decoder_installed(kind):
+            rows.append(Row(f"jpeg {kind.value}", SKIP, f"not installed ({INSTALL_HINTS[kind]})"))
             continue
         try:
             decoder = jpeg.start(kind)

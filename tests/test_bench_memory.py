@@ -15,7 +15,7 @@ import pytest
 
 from conftest_mqtt import require_programs
 from daemon_harness import REPO
-from yoloedge.sources.gstlaunch import av_installed
+from yoloedge.config.sources import av_installed
 
 SOURCE = "indoor_people_480p_mpeg4.avi"  # 84 frames at 15 fps
 SOURCE_FRAMES = 84

@@ -1,4 +1,4 @@
-"""Opening sources (capture.py): FFmpeg decoder threads per camera, and the synthetic source.
+"""Opening sources (opening.py, opencv.py, synthetic.py): FFmpeg decoder threads per camera, and the synthetic source.
 
 The decoder-thread tests count the process's real threads while real OpenCV/FFmpeg decodes the
 shared videos. The synthetic source's pacing is tested with an injected clock and sleep, so no
@@ -15,10 +15,12 @@ import cv2
 import numpy as np
 import pytest
 
-from yoloedge.sources import capture
-from yoloedge.sources.capture import (SourceError, SourceKind, SyntheticSource, UnsupportedSourceError,
-                                      decode_thread_params, open_source, parse_synthetic_url, source_kind,
-                                      textured_frame)
+from yoloedge.config.sources import parse_synthetic_url, synthetic_image_problem
+from yoloedge.sources import opencv
+from yoloedge.sources.base import SourceError, SourceKind, UnsupportedSourceError, source_kind
+from yoloedge.sources.opencv import decode_thread_params
+from yoloedge.sources.opening import open_source
+from yoloedge.sources.synthetic import SyntheticSource, textured_frame
 
 H264 = "street_people_720p.mp4"  # H.264 High, 1280x720, 314 frames
 AVI = "indoor_people_480p_mpeg4.avi"  # MPEG-4 Part 2, 640x480, 84 frames
@@ -122,9 +124,9 @@ def test_decode_thread_params():
 def test_without_cap_prop_n_threads_files_still_open_and_it_is_said_once(media, monkeypatch, caplog):
     """As with an OpenCV older than 4.7: the parameter is left out (FFmpeg would refuse an unknown
     one) and one debug line says so, however many captures are opened."""
-    monkeypatch.setattr(capture, "_N_THREADS_PROP", None)
-    monkeypatch.setattr(capture, "_noted", set())
-    with caplog.at_level(logging.DEBUG, logger=capture.__name__):
+    monkeypatch.setattr(opencv, "_N_THREADS_PROP", None)
+    monkeypatch.setattr(opencv, "_noted", set())
+    with caplog.at_level(logging.DEBUG, logger=opencv.__name__):
         for _ in range(3):
             source = open_source(str(media / AVI), decode_threads=1)
             try:
@@ -317,3 +319,25 @@ def test_a_read_never_sleeps_longer_than_one_frame_period():
         source = paced(fps, fake)
         frames_within(source, fake, 20.0, work_s=work_s)
         assert fake.sleeps and max(fake.sleeps) <= 1.0 / fps + 1e-9
+
+
+def test_the_config_image_signatures_agree_with_opencv(tmp_path):
+    """config.sources checks a synthetic camera's image without OpenCV: every image this OpenCV
+    writes (and so reads) passes it, as cv2.haveImageReader says, and what is no image fails both."""
+    image = np.zeros((16, 16, 3), np.uint8)
+    written = []
+    for suffix in (".jpg", ".png", ".bmp", ".tif", ".webp", ".ppm", ".pfm", ".pam", ".ras", ".hdr"):
+        path = tmp_path / f"image{suffix}"
+        pixels = image.astype(np.float32) if suffix in (".pfm", ".hdr") else image
+        if cv2.imwrite(str(path), pixels):
+            written.append(path)
+    assert len(written) >= 6, written  # JPEG, PNG, BMP, TIFF, PNM at least: every build has them
+    for path in written:
+        assert cv2.haveImageReader(str(path)), path
+        assert synthetic_image_problem(str(path)) is None, path
+    for name, data in (("text.jpg", b"not an image"), ("model.onnx", b"\x08\x07\x12\x07pytorch"),
+                       ("short.jpg", b"\xff\xd8"), ("empty.png", b"")):
+        path = tmp_path / name
+        path.write_bytes(data)
+        assert not cv2.haveImageReader(str(path)), name
+        assert synthetic_image_problem(str(path)) == f"not an image OpenCV can read: {path}"

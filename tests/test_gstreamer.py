@@ -29,9 +29,9 @@ from yoloedge.config.loader import load_config
 from yoloedge.config.schema import CameraConfig
 from yoloedge.redact import SECRETS, redact_url
 from yoloedge.sources import CameraState
-from yoloedge.sources.capture import SourceKind, UnsupportedSourceError
-from yoloedge.sources.gstlaunch import (PRESETS, Decoder, display_launch, file_launch, gi_installed,
-                                        launch_problem, launch_urls, rtsp_launch, with_location)
+from yoloedge.config.sources import Decoder, display_launch, gi_installed, launch_problem, launch_urls
+from yoloedge.sources.base import SourceKind, UnsupportedSourceError
+from yoloedge.sources.gstlaunch import PRESETS, file_launch, rtsp_launch, with_location
 
 pytestmark = pytest.mark.shared
 
@@ -76,7 +76,7 @@ def audio_mp4(media, tmp_path_factory, gst_modules) -> Path:
 
 
 def open_camera(config: CameraConfig):
-    from yoloedge.sources.gstreamer import open_camera as open_
+    from yoloedge.sources.opening import open_camera as open_
     return open_(config, camera=config.name)
 
 
@@ -418,7 +418,7 @@ def test_auto_picks_gstreamer_here_and_status_says_so(media, gst_modules, run_re
     assert reader.stats()["decoder"] == "gstreamer" and len(collector.seen) == 84
     from yoloedge.pipeline.cameras import CameraRuntime
     assert CameraRuntime(config, "cpu", collector.queue, reader).status()["decoder"] == "gstreamer"
-    from yoloedge.sources.gstreamer import choose_decoder
+    from yoloedge.sources.opening import choose_decoder
     rtsp = choose_decoder(CameraConfig(name="c", url="rtsp://127.0.0.1/s", decoder="auto"))
     assert (rtsp.decoder, rtsp.element) == (Decoder.GSTREAMER, "avdec_h264")
     http = choose_decoder(CameraConfig(name="c", url="http://127.0.0.1/video.mjpg", decoder="auto"))
@@ -648,7 +648,7 @@ def test_auto_and_opencv_need_no_pygobject(tmp_path, media):
     assert run_check_without_gi(path).returncode == 0
     script = ("import sys\n"
               "from yoloedge.config.schema import CameraConfig\n"
-              "from yoloedge.sources.gstreamer import open_camera\n"
+              "from yoloedge.sources.opening import open_camera\n"
               f"source, decoder = open_camera(CameraConfig(name='a', url={str(media / AVI)!r}))\n"
               "assert source.read() is not None\n"
               "source.release()\n"
@@ -659,11 +659,11 @@ def test_auto_and_opencv_need_no_pygobject(tmp_path, media):
 
 def test_gstreamer_without_pygobject_is_an_unsupported_source(monkeypatch):
     """At run time too (a config checked elsewhere): a clear error, the camera fails, no retries."""
-    from yoloedge.sources import gstreamer
+    from yoloedge.sources import gstreamer, opening
     monkeypatch.setattr(gstreamer, "_gst", None)
     monkeypatch.setitem(sys.modules, "gi", None)
     monkeypatch.setitem(sys.modules, "av", None)  # auto's other choice before OpenCV (tests/test_pyav.py)
     with pytest.raises(UnsupportedSourceError, match=r"pip install yoloedge\[gstreamer\]"):
-        gstreamer.choose_decoder(CameraConfig(name="a", url="rtsp://h/s", decoder="gstreamer"))
-    choice = gstreamer.choose_decoder(CameraConfig(name="a", url="rtsp://h/s", decoder="auto"))
+        opening.choose_decoder(CameraConfig(name="a", url="rtsp://h/s", decoder="gstreamer"))
+    choice = opening.choose_decoder(CameraConfig(name="a", url="rtsp://h/s", decoder="auto"))
     assert choice.decoder is Decoder.OPENCV

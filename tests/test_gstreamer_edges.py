@@ -26,8 +26,8 @@ from yoloedge.config.errors import ConfigError
 from yoloedge.config.loader import load_config
 from yoloedge.redact import SECRETS
 from yoloedge.sources import CameraState
-from yoloedge.sources.capture import SourceError, SourceKind, UnsupportedSourceError
-from yoloedge.sources.gstlaunch import Decoder, display_launch
+from yoloedge.config.sources import Decoder, display_launch
+from yoloedge.sources.base import SourceError, SourceKind, UnsupportedSourceError
 
 pytestmark = pytest.mark.shared
 
@@ -174,7 +174,7 @@ def without_element(gst, name: str):
 
 def test_rtsp_preset_without_h264timestamper_fails_clearly_and_auto_passes_it_over(media, gst_modules, monkeypatch):
     from yoloedge.config.schema import CameraConfig
-    from yoloedge.sources.gstreamer import choose_decoder
+    from yoloedge.sources.opening import choose_decoder
     monkeypatch.setitem(sys.modules, "av", None)  # without PyAV, which auto would take before GStreamer
     rtsp = CameraConfig(name="c", url="rtsp://192.0.2.1/s", decoder="gstreamer")
     with without_element(gst_modules, "h264timestamper"):
@@ -191,7 +191,7 @@ def test_rtsp_preset_without_h264timestamper_fails_clearly_and_auto_passes_it_ov
 def test_reconnects_leave_no_threads_or_descriptors(rtsp_server, gst_modules):
     """Twenty connections to the RTSP server, each released: what the first one left behind (GStreamer's
     thread pool, its registry) is all that stays."""
-    from yoloedge.sources.gstreamer import open_camera
+    from yoloedge.sources.opening import open_camera
     config = camera(rtsp_server.url(credentials="viewer:Leak-Secret-6"), decoder="gstreamer",
                     open_timeout_s=5.0, read_timeout_s=2.0)
 

@@ -27,7 +27,7 @@ from servers.mjpeg_server import MjpegServer
 from yoloedge.config.schema import CameraConfig
 from yoloedge.errors import ImageError
 from yoloedge.sources import CameraReader, CameraState, Frame
-from yoloedge.sources.capture import textured_frame
+from yoloedge.sources.synthetic import textured_frame
 from yoloedge.sources.imagesize import ImageLimits, ImageTooLarge, image_size, read_image
 
 #: what the subprocess that decodes a bomb may map: well under the 2.7 GB a 30000x30000 BGR image needs
@@ -314,7 +314,7 @@ def test_a_folder_camera_skips_and_counts_bombs_and_bad_files_and_logs_each_once
     for index in range(2):
         cv2.imwrite(str(folder / f"good{index}.png"), small_image(160 + index, 120))
     listed = [n for n in os.listdir(folder) if (folder / n).is_file() and not n.startswith("good")]
-    caplog.set_level(logging.WARNING, logger="yoloedge.sources.capture")
+    caplog.set_level(logging.WARNING, logger="yoloedge.sources.base")
     reader, sink, _ = readers(camera(folder, loop=True))
     deadline = time.monotonic() + 15
     while len(sink.frames) < 6 and time.monotonic() < deadline:  # three passes over the folder

@@ -29,8 +29,11 @@ from yoloedge.config.errors import ConfigError
 from yoloedge.config.loader import load_config
 from yoloedge.config.schema import CameraConfig
 from yoloedge.sources import CameraReader, CameraState
+from yoloedge.config.sources import MODULES, JpegDecoderKind
 from yoloedge.sources import jpeg
-from yoloedge.sources.capture import ImageFolderSource, SourceError, UnsupportedSourceError, open_source
+from yoloedge.sources.base import SourceError, UnsupportedSourceError
+from yoloedge.sources.folder import ImageFolderSource
+from yoloedge.sources.opening import open_source
 from yoloedge.sources.imagesize import ImageLimits
 from yoloedge.sources.mjpeg import MjpegSource
 
@@ -60,7 +63,7 @@ def gpu_fakes(tmp_path, monkeypatch):
         _forget_fakes()
         monkeypatch.syspath_prepend(str(root))
         added.append(str(root))
-        modules = {kind: importlib.import_module(jpeg.MODULES[jpeg.JpegDecoderKind(kind)]) for kind in kinds}
+        modules = {kind: importlib.import_module(MODULES[JpegDecoderKind(kind)]) for kind in kinds}
         for module in modules.values():
             module.reset()
         return modules
@@ -217,7 +220,7 @@ def test_auto_skips_a_decoder_that_does_not_start(gpu_fakes, monkeypatch, caplog
         raise RuntimeError("CUDA driver version is insufficient for CUDA runtime version")
 
     monkeypatch.setattr(fakes["nvimgcodec"], "Decoder", no_gpu)
-    assert jpeg.choose("auto").kind is jpeg.JpegDecoderKind.NVJPEG
+    assert jpeg.choose("auto").kind is JpegDecoderKind.NVJPEG
     assert "nvimgcodec did not start: RuntimeError: CUDA driver version" in caplog.text
     with pytest.raises(jpeg.JpegDecoderUnavailable, match="nvimgcodec did not start"):
         jpeg.choose("nvimgcodec")
@@ -412,7 +415,7 @@ def run_reader(config: CameraConfig, until=None, timeout: float = 20.0):
 
 # -- the real libraries -----------------------------------------------------------------------------------
 def _real_or_skip(kind: str):
-    module = jpeg.MODULES[jpeg.JpegDecoderKind(kind)]
+    module = MODULES[JpegDecoderKind(kind)]
     try:
         found = importlib.util.find_spec(module) is not None
     except ImportError:
@@ -420,7 +423,7 @@ def _real_or_skip(kind: str):
     if not found:
         pytest.skip(f"{module} is not installed (GPU JPEG decode)")
     try:
-        return jpeg.start(jpeg.JpegDecoderKind(kind))
+        return jpeg.start(JpegDecoderKind(kind))
     except jpeg.JpegDecoderUnavailable as exc:
         pytest.skip(f"no usable GPU JPEG decoder: {exc}")
 

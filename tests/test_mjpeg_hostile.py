@@ -27,7 +27,7 @@ import cv2
 import numpy as np
 import pytest
 
-from yoloedge.sources.capture import SourceError
+from yoloedge.sources.base import SourceError
 from yoloedge.sources.jpeg import CpuJpegDecoder
 from tls_files import make_tls_files
 from yoloedge.config.schema import CameraConfig

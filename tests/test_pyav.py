@@ -25,9 +25,9 @@ import test_sources
 from test_sources import Collector, camera
 from yoloedge.config.schema import CameraConfig
 from yoloedge.sources import CameraState
-from yoloedge.sources.capture import SourceError, SourceKind, UnsupportedSourceError
+from yoloedge.sources.base import SourceError, SourceKind, UnsupportedSourceError
 from yoloedge.sources.framepool import FramePool
-from yoloedge.sources.gstlaunch import Decoder, av_installed
+from yoloedge.config.sources import Decoder, av_installed
 
 pytestmark = pytest.mark.shared
 
@@ -48,7 +48,7 @@ def av():
 
 
 def open_pyav(url, **settings):
-    from yoloedge.sources.gstreamer import open_camera
+    from yoloedge.sources.opening import open_camera
     source, decoder = open_camera(CameraConfig(name="pyav", url=str(url), decoder="pyav", **settings), camera="pyav")
     assert decoder is Decoder.PYAV
     return source
@@ -355,8 +355,9 @@ def test_a_killed_rtsp_server_ends_the_stream_as_an_error(av, rtsp_server):
 
 # -- choosing it, checking it ----------------------------------------------------------------------
 def test_auto_picks_pyav_for_files_and_rtsp_where_installed(av, media):
-    from yoloedge.sources.gstlaunch import gi_installed
-    from yoloedge.sources.gstreamer import choose_decoder, element_present
+    from yoloedge.config.sources import gi_installed
+    from yoloedge.sources.gstreamer import element_present
+    from yoloedge.sources.opening import choose_decoder
     for element in ("nvv4l2decoder", "nvh264dec", "vah264dec", "vaapih264dec"):
         if gi_installed() and element_present(element):
             pytest.skip(f"this machine has {element}: auto picks hardware")
@@ -397,7 +398,7 @@ def test_checking_and_other_decoders_never_import_av(tmp_path, media):
     script = ("import sys, runpy\n"
               "from yoloedge.config.loader import load_config\n"
               f"load_config({str(path)!r}, {{}})\n"
-              "from yoloedge.sources.gstreamer import open_camera\n"
+              "from yoloedge.sources.opening import open_camera\n"
               "from yoloedge.config.schema import CameraConfig\n"
               f"source, decoder = open_camera(CameraConfig(name='b', url={str(media / AVI)!r}))\n"
               "assert source.read() is not None\n"
@@ -408,7 +409,7 @@ def test_checking_and_other_decoders_never_import_av(tmp_path, media):
 
 
 def test_pyav_missing_at_run_time_is_an_unsupported_source(monkeypatch):
-    from yoloedge.sources import gstreamer
+    from yoloedge.sources import opening
     monkeypatch.setitem(sys.modules, "av", None)
     with pytest.raises(UnsupportedSourceError, match=r"pip install yoloedge\[pyav\]"):
-        gstreamer.choose_decoder(CameraConfig(name="a", url="rtsp://h/s", decoder="pyav"))
+        opening.choose_decoder(CameraConfig(name="a", url="rtsp://h/s", decoder="pyav"))

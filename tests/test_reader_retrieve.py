@@ -14,10 +14,10 @@ import pytest
 
 from test_sources import STALL_TIMEOUT_S, StateLog, camera
 from yoloedge.sources import CameraReader, CameraState, Frame, SinkClosed
-from yoloedge.sources import reader as reader_module
-from yoloedge.sources.capture import VideoFileSource
+from yoloedge.sources import connection as connection_module
+from yoloedge.sources.files import VideoFileSource
 from yoloedge.sources.framepool import FramePool
-from yoloedge.sources.gstlaunch import Decoder
+from yoloedge.config.sources import Decoder
 from yoloedge.sources.imagesize import ImageLimits
 
 H264 = "street_people_720p.mp4"  # H.264 High, 1280x720, 314 frames at 29.97 fps
@@ -55,7 +55,7 @@ def counting(monkeypatch):
         opened.append(source)
         return source, Decoder.OPENCV
 
-    monkeypatch.setattr(reader_module, "open_camera", open_camera)
+    monkeypatch.setattr(connection_module, "open_camera", open_camera)
     return opened
 
 

@@ -314,7 +314,7 @@ def test_an_unwatched_camera_keeps_a_jpeg_not_frames_until_its_snapshot_is_asked
     """Two frame-sized buffers per camera were 12.4 MB at 1080p whether anyone looked or not.
     Unwatched, one frame every idle_interval_s is kept as a JPEG; asking makes the camera watched
     (full copies at copies_per_s, at once), and watch_s after the last request the buffers go."""
-    from yoloedge.sources.capture import textured_frame
+    from yoloedge.sources.synthetic import textured_frame
 
     now = [0.0]
     store = SnapshotStore(copies_per_s=2.0, clock=lambda: now[0], watch_s=60.0, idle_interval_s=10.0)

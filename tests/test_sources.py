@@ -20,9 +20,10 @@ from fixtures_media import free_port
 from yoloedge.config.schema import CameraConfig
 from yoloedge.pipeline.queues import FrameQueue
 from yoloedge.sources import CameraReader, CameraState, Frame
-from yoloedge.sources import reader as reader_module
-from yoloedge.sources.capture import SourceError, SourceKind, open_source, source_kind
-from yoloedge.sources.reader import IndexSampler, TimeSampler
+from yoloedge.sources import connection as connection_module
+from yoloedge.sources.base import SourceError, SourceKind, source_kind
+from yoloedge.sources.opening import open_source
+from yoloedge.sources.delivery import IndexSampler, TimeSampler
 
 AVI = "indoor_people_480p_mpeg4.avi"  # 84 frames, 640x480, 15 fps
 STALL_TIMEOUT_S = 2.0
@@ -462,7 +463,7 @@ def test_credentials_never_appear_in_logs_states_or_stats(mjpeg_server, run_read
 
 def test_disabled_camera_never_opens(monkeypatch, media, run_reader):
     opened = []
-    monkeypatch.setattr(reader_module, "open_camera", lambda *a, **k: opened.append(a))
+    monkeypatch.setattr(connection_module, "open_camera", lambda *a, **k: opened.append(a))
     reader, states = run_reader(replace(camera(media / AVI), enabled=False), Collector())
     time.sleep(0.3)
     assert states.states == [CameraState.DISABLED] and reader.state is CameraState.DISABLED

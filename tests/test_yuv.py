@@ -23,7 +23,7 @@ import pytest
 
 import test_gstreamer
 from yoloedge.config.schema import CameraConfig
-from yoloedge.sources.gstlaunch import av_installed
+from yoloedge.config.sources import av_installed
 from yoloedge.sources.yuv import (BT601, Arithmetic, Colorimetry, Matrix, native_arithmetic, opencv_colorimetry,
                                   opencv_reads_tags)
 

@@ -31,9 +31,10 @@ import numpy as np
 
 from .errors import ImageError
 from .redact import redact_value
-from .sources.capture import (IMAGE_SUFFIXES, SourceError, SourceKind, list_images, local_path, open_source,
-                              source_kind)
+from .sources.base import SourceError, SourceKind, local_path, source_kind
+from .sources.folder import IMAGE_SUFFIXES, list_images
 from .sources.imagesize import read_image
+from .sources.opening import open_source
 
 MIN_SCORE = 0.30
 MIN_IOU = 0.90

@@ -1,6 +1,6 @@
 """`yoloedge bench decode`: one video through every camera decoder, side by side.
 
-Each decoder reads the whole clip through the camera source the daemon uses (`sources.gstreamer.
+Each decoder reads the whole clip through the camera source the daemon uses (`sources.opening.
 open_camera`, lossless as `realtime: false`), so the figures include what the daemon pays to get
 a BGR frame: demux, decode, colour conversion and, for the hardware decoders, the copy out of
 device memory. Wall time shows how fast one camera can go; CPU time per frame is what many cameras
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..config import CameraConfig
 from ..errors import YoloedgeError
 from ..redact import SECRETS, redact_text, redact_value
-from ..sources.gstlaunch import Decoder
+from ..config.sources import Decoder
 
 DEFAULT_DECODERS = "opencv,gstreamer,auto"
 
@@ -60,7 +60,7 @@ def process_cpu_s() -> float:
 def read_all(clip: str, decoder: str, limit: int, threads: int = 1) -> Round:
     """Read `clip` to its end (or `limit` frames) with one decoder; CPU time is the whole process's
     (decoder threads included), so nothing else may run meanwhile."""
-    from ..sources.gstreamer import open_camera
+    from ..sources.opening import open_camera
 
     config = CameraConfig(name="bench", url=clip, decoder=decoder, realtime=False if os.path.exists(clip) else None,
                           read_timeout_s=30, open_timeout_s=30, decode_threads=threads)

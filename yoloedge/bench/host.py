@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..preprocess import Letterboxer, LetterboxStyle
-from ..sources.capture import open_video_file
+from ..sources.files import open_video_file
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 

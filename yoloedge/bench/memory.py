@@ -8,7 +8,7 @@ looping. A file camera decodes every frame at the clip's own rate and keeps the 
 for, as a camera sampled down would. After `--seconds` the daemon's RSS and threads are read from
 /proc: per camera is (RSS with the cameras - RSS without) / cameras.
 
-Next to it, "captures alone": the same sources (`sources.capture`), read by as many plain threads
+Next to it, "captures alone": the same sources (`sources.opening`), read by as many plain threads
 at the same pace as in the daemon -- every frame grabbed, the kept ones retrieved into a buffer
 of a shared `FramePool` -- in a process that has only imported OpenCV (and the `--decoder`'s
 module): the decoder and its BGR pictures, without the pipeline. The difference is what
@@ -132,7 +132,7 @@ def main(args: argparse.Namespace) -> int:
 def _problem(args: argparse.Namespace, opts: Options) -> str | None:
     if opts.cameras < 1 or opts.fps <= 0 or opts.seconds <= 0 or opts.decode_threads < 0 or opts.batch < 1:
         return "--cameras and --batch are at least 1, --fps and --seconds more than 0, --decode-threads 0 or more"
-    from ..sources.gstlaunch import DECODERS
+    from ..config.sources import DECODERS
     if opts.decoder not in DECODERS:
         return f"--decoder takes {', '.join(DECODERS)}"
     for path in [opts.model, args.source, *(args.clip or [])]:
@@ -249,8 +249,8 @@ def _probe(clip: str, cameras: int, seconds: float, decode_threads: int, fps: fl
     with `decoder` as the daemon opens it. Reports RSS before opening and while reading."""
     from ..config.schema import CameraConfig
     from ..sources.framepool import FramePool
-    from ..sources.gstreamer import open_camera
-    from ..sources.reader import IndexSampler
+    from ..sources.opening import open_camera
+    from ..sources.delivery import IndexSampler
 
     before = sample_process(os.getpid())
     sources = [open_camera(CameraConfig(name=f"cam{i:02d}", url=clip, loop=True, decode_threads=decode_threads,

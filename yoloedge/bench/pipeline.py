@@ -409,7 +409,7 @@ class Subscriber:
 # -- inputs ----------------------------------------------------------------------------------------
 def _frame(opts: Options):
     """The frame the host ceiling letterboxes: what the synthetic cameras deliver."""
-    from ..sources.capture import open_source
+    from ..sources.opening import open_source
 
     width, height = opts.size
     url = f"synthetic://{width}x{height}?fps=1000" + (f"&image={opts.image}" if opts.image else "")

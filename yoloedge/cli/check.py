@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.machinery
-import importlib.util
 import os
 import re
 import sys
@@ -23,6 +22,7 @@ from ..config import Config
 from ..config.catalogue import CATALOGUE
 from ..config.errors import EX_CONFIG, ConfigError, ConfigIssue
 from ..config.loader import DEFAULT_PATH, load_config, read_text_file
+from ..runtime import module_installed
 from ..textsafe import printable
 
 #: the largest environment file read (a few KEY=VALUE lines; a certificate in one stays far below).
@@ -67,7 +67,7 @@ def runtime_notes(config: Config, service_path: Sequence[str] = ()) -> list[str]
             missing, install = entry.missing_runtime(), entry.install
         else:
             module = accelerator.backend.split(":", 1)[0]
-            missing, install = (module if not module_found(module) else None), f"make {module!r} importable"
+            missing, install = (module if not module_installed(module) else None), f"make {module!r} importable"
         if missing is not None and not found_on(missing, service_path):
             notes.append(f"accelerator {accelerator.name} (backend {accelerator.backend}): the module {missing!r} "
                          f"is not installed here, so its workers would fail to start; install: {install}")
@@ -81,13 +81,6 @@ def found_on(name: str, path: Sequence[str]) -> bool:
     """Whether the top-level package of module `name` is in one of the folders `path` (without
     importing anything)."""
     return bool(path) and importlib.machinery.PathFinder.find_spec(name.split(".", 1)[0], list(path)) is not None
-
-
-def module_found(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _count(n: int, noun: str) -> str:

@@ -7,7 +7,7 @@ media may be mounted or recorded later, and the source reports a missing file at
 synthetic camera's image is checked: it is part of the configuration, not media.
 
 Instead of a url, a camera may give `pipeline:`, a GStreamer launch string ending in an appsink;
-`decoder:` chooses who decodes a url's video (sources.gstlaunch).
+`decoder:` chooses who decodes a url's video (config.sources).
 """
 
 from __future__ import annotations
@@ -105,11 +105,10 @@ def _network_url(ctx: Context, item: Item, url: str) -> Any:
 def _synthetic_url(ctx: Context, item: Item, url: str) -> Any:
     """The URL in canonical form, its image path resolved from the config file's folder; the image
     must exist and look like an image (its signature is read, not the whole file)."""
-    # Imported here: the source module loads OpenCV, which only a synthetic camera needs at this point.
-    from ..sources.capture import UnsupportedSourceError, parse_synthetic_url, synthetic_image_problem
+    from .sources import SyntheticUrlError, parse_synthetic_url, synthetic_image_problem
     try:
         spec = parse_synthetic_url(url)
-    except UnsupportedSourceError as exc:
+    except SyntheticUrlError as exc:
         return ctx.bad_value(item, str(exc), SYNTHETIC_HINT)
     if spec.image is None:
         return spec.url
@@ -129,15 +128,14 @@ def read_camera_classes(ctx: Context, item: Item) -> Any:
 
 
 def read_jpeg_decoder(ctx: Context, item: Item) -> Any:
-    """One of `sources.jpeg.JPEG_DECODERS`; a GPU decoder must be installed (found, not imported:
+    """One of `config.sources.JPEG_DECODERS`; a GPU decoder must be installed (found, not imported:
     that would start CUDA), so a camera that cannot work is refused before anything starts."""
-    # Imported here: the decoder module loads OpenCV, which only a camera with this key needs now.
-    from ..sources.jpeg import INSTALL_HINTS, JPEG_DECODERS, MODULES, JpegDecoderKind, installed
+    from .sources import INSTALL_HINTS, JPEG_DECODERS, MODULES, JpegDecoderKind, jpeg_decoder_installed
     value = Choice(JPEG_DECODERS)(ctx, item)
     if value is INVALID:
         return INVALID
     kind = JpegDecoderKind(value)
-    if not installed(kind):
+    if not jpeg_decoder_installed(kind):
         return ctx.bad_value(item, f"needs {MODULES[kind]}, which is not installed",
                              f"{INSTALL_HINTS[kind]}; or jpeg_decoder: auto (a GPU decoder where one is installed)")
     return value
@@ -273,17 +271,14 @@ PIPELINE_EXAMPLE = ('e.g. pipeline: "v4l2src device=/dev/video0 ! videoconvert !
                     '! appsink"')
 
 
-# The GStreamer helpers are imported where used: the `sources` package loads OpenCV, which only
-# cameras with these keys need at this point (and `gi` is never imported here).
-
 def read_camera_decoder(ctx: Context, item: Item) -> Any:
-    from ..sources.gstlaunch import DECODERS
+    from .sources import DECODERS
     return Choice(DECODERS)(ctx, item)
 
 
 def read_camera_pipeline(ctx: Context, item: Item) -> Any:
     """A launch string ending in an appsink; the credentials of URLs in it are registered first."""
-    from ..sources.gstlaunch import launch_problem, register_launch_secrets
+    from .sources import launch_problem, register_launch_secrets
     if isinstance(item.value, str):
         register_launch_secrets(item.value)  # before any check: a message must not quote them
     launch = Text(max_bytes=MAX_URL_BYTES)(ctx, item)
@@ -313,7 +308,7 @@ def decoder_ok(ctx: Context, entries: dict, values: dict) -> bool:
     a pipeline: names its own decoder elements. decoder: pyav needs PyAV (`_pyav_ok`)."""
     if "decoder" not in entries and "pipeline" not in entries:
         return True
-    from ..sources.gstlaunch import GSTREAMER_HINT, Decoder, gi_installed
+    from .sources import GSTREAMER_HINT, Decoder, gi_installed
     if "decoder" in entries and "decoder" not in values:
         return False  # its value was reported
     pipeline = "pipeline" in entries
@@ -341,7 +336,7 @@ def decoder_ok(ctx: Context, entries: dict, values: dict) -> bool:
 
 def _pyav_ok(ctx: Context, entries: dict, values: dict) -> bool:
     """decoder: pyav needs PyAV (found, not imported), and reads rtsp:// cameras and video files."""
-    from ..sources.gstlaunch import PYAV_HINT, av_installed
+    from .sources import PYAV_HINT, av_installed
     if not av_installed():
         ctx.problem(entries["decoder"], "decoder: pyav needs PyAV, which is not installed", PYAV_HINT)
         return False

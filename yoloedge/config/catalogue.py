@@ -20,10 +20,10 @@ package) never depends on a backend module: backends depend on config, not the o
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from ..runtime import module_installed
 from .ascend import ascend_config, read_ascend_section
 from .fields import Context
 from .ort import ONNXRUNTIME_FIELDS, read_onnxruntime_settings
@@ -61,14 +61,7 @@ class BackendEntry:
         """The first runtime module that cannot be found here, or None. Looks without importing it
         (only parent packages of a dotted name are imported): an import of `tensorrt` or `acl` can
         take seconds and touch the driver."""
-        for module in self.runtime_modules:
-            try:
-                found = importlib.util.find_spec(module) is not None
-            except (ImportError, ValueError):  # a parent package is missing or broken
-                found = False
-            if not found:
-                return module
-        return None
+        return next((module for module in self.runtime_modules if not module_installed(module)), None)
 
 
 def _section_reader(key: str, read: Callable[[Context, Item | None], Any]) -> Callable[..., dict[str, Any]]:

@@ -1,7 +1,9 @@
-"""Camera sources: opening URLs (capture), reading them robustly into a frame sink (reader)."""
+"""Camera sources: one module per kind (`base` says what a source is), opening a camera with its
+decoder (`opening`), and reading it robustly into a frame sink (`reader`)."""
 
-from .capture import SourceError, SourceKind, UnsupportedSourceError, open_source, source_kind
+from .base import SourceError, SourceKind, UnsupportedSourceError, source_kind
 from .frame import Frame, FrameSink, SinkClosed
+from .opening import open_source
 from .reader import CameraReader
 from .state import CameraState
 

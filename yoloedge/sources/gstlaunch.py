@@ -1,8 +1,8 @@
-"""Which decoder a camera uses, and the GStreamer launch strings of the decoder presets.
+"""The GStreamer launch strings of the decoder presets.
 
-Pure text and enums: neither PyGObject, PyAV nor OpenCV is imported here, so the config reader can
-validate `decoder:` and `pipeline:` without loading any (`decoder: opencv`, the default, never
-imports `gi` or `av`). `gstreamer.py` builds and runs the pipelines, `pyav.py` the PyAV decoder.
+Pure text: neither PyGObject, PyAV nor OpenCV is imported here. The `decoder:` values and the
+checks of a `pipeline:` string are the config's (`config.sources`); `gstreamer.py` builds and runs
+the pipelines, `pyav.py` the PyAV decoder, `opening.py` picks one for a camera.
 
 The presets decode H.264 (the RTSP chain depayloads H.264; the hardware file chains parse it).
 `decoder: gstreamer` on a file uses decodebin, which reads any container and codec GStreamer has
@@ -19,45 +19,11 @@ exposes non-video streams undecoded (`gstreamer.py`), parsebin's audio pads stay
 
 from __future__ import annotations
 
-import importlib.util
-import re
 from dataclasses import dataclass
-from enum import Enum
 
-from ..redact import MASK, SECRETS, redact_text, redact_url
+from ..config.sources import Decoder
+from ..redact import redact_url
 
-
-class Decoder(str, Enum):
-    """`decoder:` of a camera. OPENCV is FFmpeg inside OpenCV (no GStreamer at all)."""
-
-    OPENCV = "opencv"
-    PYAV = "pyav"  # FFmpeg through PyAV: no OpenCV picture in between (sources.pyav)
-    GSTREAMER = "gstreamer"  # software decoders, through GStreamer
-    JETSON = "jetson"  # nvv4l2decoder (NVIDIA Jetson)
-    VAAPI = "vaapi"  # VA-API (AMD, Intel)
-    NVIDIA = "nvidia"  # NVDEC (NVIDIA discrete GPUs)
-    AUTO = "auto"  # the best of the above that this machine has
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def uses_gstreamer(self) -> bool:
-        """Whether this choice needs PyGObject whatever the machine (AUTO falls back to OpenCV)."""
-        return self not in (Decoder.OPENCV, Decoder.PYAV, Decoder.AUTO)
-
-
-DECODERS = tuple(d.value for d in Decoder)
-
-#: the pip extra that installs PyGObject; named in every message about a missing `gi`
-GSTREAMER_EXTRA = "pip install yoloedge[gstreamer]"
-GSTREAMER_HINT = (f"{GSTREAMER_EXTRA} (PyGObject; building it needs libgirepository1.0-dev and libcairo2-dev), "
-                  "with GStreamer's system packages gir1.2-gstreamer-1.0, gstreamer1.0-plugins-good, "
-                  "gstreamer1.0-plugins-bad and gstreamer1.0-libav")
-
-#: the pip extra that installs PyAV; named in every message about a missing `av`
-PYAV_EXTRA = "pip install yoloedge[pyav]"
-PYAV_HINT = f"{PYAV_EXTRA} (PyAV: FFmpeg's own libraries in the wheel, no system packages needed)"
 
 #: names the presets give their source and sink elements; the source's location is set as a
 #: property, never written into the launch string (a path or password could hold launch syntax)
@@ -120,22 +86,6 @@ CHAIN_NEEDS = ("GStreamer 1.22 or later with gstreamer1.0-plugins-good and gstre
 AUTO_ORDER = (Decoder.JETSON, Decoder.NVIDIA, Decoder.VAAPI, Decoder.PYAV, Decoder.GSTREAMER)
 
 
-def gi_installed() -> bool:
-    """Whether PyGObject can be imported, without importing it."""
-    try:
-        return importlib.util.find_spec("gi") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def av_installed() -> bool:
-    """Whether PyAV can be imported, without importing it (it loads FFmpeg's libraries)."""
-    try:
-        return importlib.util.find_spec("av") is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def sink_launch(live: bool) -> str:
     """I420 frames into a bounded appsink; Python converts them to BGR (BT.601, as OpenCV's
     FFmpeg path does), which costs less CPU than videoconvert's BGR and gives the same pictures
@@ -174,86 +124,3 @@ def _quote(value: str) -> str:
     if value and not any(c.isspace() or c in "!\"'" for c in value):
         return value
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-# -- `pipeline:` launch strings --------------------------------------------------------------------
-
-_SCHEME_START = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-#: an element property that holds a credential outside any URL: rtspsrc's and souphttpsrc's
-#: user-id/user-pw/proxy-id/proxy-pw, srtsrc's passphrase, and any *password, *passwd, *secret,
-#: *token. The user names too, as a URL's user-info is hidden whole. Value: quoted, or to white space.
-_CREDENTIAL_PROPERTY = re.compile(
-    r"""(?<![^\s])((?:user|proxy)-id|[\w-]*(?:-pw|passphrase|password|passwd|secret|token))="""
-    r"""("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|\S+)""",
-    re.IGNORECASE)
-
-
-def split_links(launch: str) -> list[str]:
-    """The launch string cut at every '!' that is not inside quotes (gst-launch syntax)."""
-    parts: list[str] = []
-    current: list[str] = []
-    quote, escaped = "", False
-    for char in launch:
-        if escaped:
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif quote:
-            quote = "" if char == quote else quote
-        elif char in "\"'":
-            quote = char
-        elif char == "!":
-            parts.append("".join(current))
-            current = []
-            continue
-        current.append(char)
-    parts.append("".join(current))
-    return [part.strip() for part in parts]
-
-
-def launch_problem(launch: str) -> str | None:
-    """Why `launch` cannot be a camera's pipeline (without GStreamer: the text only), or None."""
-    last = split_links(launch)[-1].split()
-    if not last or last[0] != "appsink":
-        return "must end in an appsink (the frames come out of it)"
-    return None
-
-
-def launch_urls(launch: str) -> list[str]:
-    """The URLs inside a launch string; a quoted one up to its closing quote (a password may
-    hold spaces), else up to the next white space."""
-    urls = []
-    for match in _SCHEME_START.finditer(launch):
-        start = match.start()
-        quote = launch[start - 1] if start > 0 and launch[start - 1] in "\"'" else ""
-        end = launch.find(quote, match.end()) if quote else -1
-        if end == -1:
-            space = re.search(r"\s", launch[match.end():])
-            end = match.end() + space.start() if space else len(launch)
-        urls.append(launch[start:end])
-    return urls
-
-
-def register_launch_secrets(launch: str) -> None:
-    """Register the credentials of every URL in a launch string, as camera URLs are, and the
-    values of its credential properties (`user-pw=`): before any check, so no message about the
-    pipeline can quote them."""
-    for url in launch_urls(launch):
-        SECRETS.add_url(url)
-    for match in _CREDENTIAL_PROPERTY.finditer(launch):
-        if not match.group(1).lower().endswith("-id"):  # a bare user name ("admin") is not scrubbed
-            SECRETS.add_secret(_unquote(match.group(2)))  # from every log line, as in url_secrets
-
-
-def _unquote(value: str) -> str:
-    """A launch-string value as the element receives it: quotes off, backslash escapes undone."""
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-        return re.sub(r"\\(.)", r"\1", value[1:-1])
-    return value
-
-
-def display_launch(launch: str) -> str:
-    """A launch string as logs and status show it (secrets registered first); a credential
-    property's value is `***` whatever its length (one too short to register is still hidden)."""
-    register_launch_secrets(launch)
-    return redact_text(_CREDENTIAL_PROPERTY.sub(lambda m: f"{m.group(1)}={MASK}", launch))

@@ -28,14 +28,11 @@ from typing import Any
 import numpy as np
 
 from ..config.schema import CameraConfig
+from ..config.sources import GSTREAMER_HINT, Decoder, display_launch, gi_installed, register_launch_secrets, split_links
 from ..redact import redact_text, redact_url
-from .capture import (Source, SourceError, SourceKind, UnsupportedSourceError, local_path, open_source,
-                      plausible_fps, source_kind)
-from .gstlaunch import (AUTO_ORDER, CHAIN_NEEDS, DECODEBIN_NAME, GSTREAMER_HINT, HARDWARE_FILE_CHAIN,
-                        PIPELINE_SINK_CAPS, PRESETS, RTSP_CHAIN, SINK_MAX_BUFFERS, SINK_NAME, SOFTWARE_FILE_CHAIN,
-                        SOURCE_NAME, Decoder, Preset, display_launch, file_launch, gi_installed,
-                        register_launch_secrets, rtsp_launch, split_links)
-from .imagesize import DEFAULT_LIMITS, ImageLimits
+from .base import Source, SourceError, SourceKind, UnsupportedSourceError, local_path, plausible_fps, source_kind
+from .gstlaunch import (DECODEBIN_NAME, HARDWARE_FILE_CHAIN, PIPELINE_SINK_CAPS, PRESETS, RTSP_CHAIN, SINK_MAX_BUFFERS,
+                        SINK_NAME, SOFTWARE_FILE_CHAIN, SOURCE_NAME, Preset, file_launch, rtsp_launch)
 from .yuv import (BT601, Colorimetry, I420Converter, Matrix, PlaneLayout, opencv_colorimetry, opencv_differences,
                   plane)
 
@@ -96,56 +93,6 @@ def preset_element(preset: Preset) -> str | None:
     return next((name for name in preset.elements if element_present(name)), None)
 
 
-@dataclass(frozen=True)
-class Choice:
-    """The decoder a camera ends up with (`auto` resolved) and its decoder element."""
-
-    decoder: Decoder
-    element: str | None = None  # None for OpenCV and for `pipeline:` cameras
-
-
-def choose_decoder(config: CameraConfig) -> Choice:
-    """Resolve a camera's decoder on this machine. `auto`: the first hardware preset whose
-    elements are present, then software GStreamer, then OpenCV (no PyGObject, or a source the
-    presets do not read). An explicit preset whose elements are missing is an error."""
-    if config.pipeline:
-        gst()
-        return Choice(Decoder.GSTREAMER)
-    requested = Decoder(config.decoder)
-    if requested is Decoder.OPENCV:
-        return Choice(Decoder.OPENCV)
-    kind = source_kind(config.url)
-    if kind not in (SourceKind.RTSP, SourceKind.FILE):
-        if requested is Decoder.AUTO:
-            return Choice(Decoder.OPENCV)
-        raise UnsupportedSourceError(f"decoder: {requested} reads rtsp:// cameras and video files, not a "
-                                     f"{kind.value} source: use decoder: opencv or auto, or a pipeline:")
-    if requested is Decoder.AUTO:
-        return _auto(kind)
-    if requested is Decoder.PYAV:
-        from .pyav import load_av  # here: PyAV is loaded only for the cameras that use it
-        load_av()
-        return Choice(Decoder.PYAV)
-    gst()
-    if requested is Decoder.GSTREAMER and kind is SourceKind.FILE:
-        element: str | None = "decodebin"
-    else:
-        element = preset_element(PRESETS[requested])
-    if element is None:
-        preset = PRESETS[requested]
-        wanted = " or ".join(preset.elements) + "".join(f" with {helper}" for helper in preset.helpers)
-        raise UnsupportedSourceError(f"decoder: {requested} needs the GStreamer element {wanted}, which this "
-                                     f"machine does not have; it needs {preset.needs}. Use decoder: auto "
-                                     f"(picks what is there) or decoder: gstreamer (software)")
-    missing = chain_missing(requested, kind)
-    if missing:
-        raise UnsupportedSourceError(f"decoder: {requested} on a {kind.value} source also needs the GStreamer "
-                                     f"element(s) {', '.join(missing)}, which this machine does not have; they "
-                                     f"need {CHAIN_NEEDS}. Use decoder: opencv (or auto), or a pipeline: "
-                                     f"without them")
-    return Choice(requested, element)
-
-
 def chain_missing(decoder: Decoder, kind: SourceKind) -> list[str]:
     """The elements of the preset's chain around its decoder that this machine lacks: a launch
     string naming one cannot even be built, so `auto` must pass over such a preset."""
@@ -155,56 +102,6 @@ def chain_missing(decoder: Decoder, kind: SourceKind) -> list[str]:
     else:
         chain = SOFTWARE_FILE_CHAIN if decoder is Decoder.GSTREAMER else HARDWARE_FILE_CHAIN
     return [name for name in chain if not element_present(name)]
-
-
-def _auto(kind: SourceKind) -> Choice:
-    """AUTO_ORDER's first decoder this machine has for `kind`, else OpenCV (no PyGObject and no
-    PyAV: auto means OpenCV)."""
-    try:
-        gst()
-        have_gst = True
-    except UnsupportedSourceError:
-        have_gst = False
-    for decoder in AUTO_ORDER:
-        if decoder is Decoder.PYAV:
-            if _pyav_loads():
-                return Choice(decoder)
-            continue
-        if not have_gst or chain_missing(decoder, kind):
-            continue
-        if decoder is Decoder.GSTREAMER and kind is SourceKind.FILE:
-            return Choice(decoder, "decodebin")
-        element = preset_element(PRESETS[decoder])
-        if element is not None:
-            return Choice(decoder, element)
-    return Choice(Decoder.OPENCV)
-
-
-def _pyav_loads() -> bool:
-    """Whether PyAV is installed and loads; one that is installed but broken is said once."""
-    from .gstlaunch import av_installed
-    if not av_installed():
-        return False
-    from .pyav import load_av
-    try:
-        load_av()
-    except UnsupportedSourceError as exc:
-        with _gst_lock:
-            first = "pyav" not in _auto_told
-            _auto_told.add("pyav")
-        if first:
-            log.warning("decoder: auto passes over PyAV: %s", exc)
-        return False
-    return True
-
-
-#: what `auto` said once per process
-_auto_told: set[str] = set()
-
-
-def camera_description(config: CameraConfig) -> str:
-    """How a camera's source is shown in logs and status: its URL, or its launch string, redacted."""
-    return display_launch(config.pipeline) if config.pipeline else redact_url(config.url)
 
 
 @dataclass(frozen=True)
@@ -222,20 +119,21 @@ class LaunchSpec:
     user_pipeline: bool = False
 
 
-def launch_spec(config: CameraConfig, choice: Choice) -> LaunchSpec:
-    """The pipeline for a camera: its own `pipeline:`, or the preset for its URL."""
+def launch_spec(config: CameraConfig, decoder: Decoder, element: str | None = None) -> LaunchSpec:
+    """The pipeline for a camera: its own `pipeline:`, or the preset of `decoder` for its URL, with
+    `element` (the preset's first one when None) as its decoder element."""
     if config.pipeline:
         launch, sink = _named_sink(config.pipeline)
-        return LaunchSpec(launch, SourceKind.PIPELINE, display_launch(config.pipeline), choice.decoder,
+        return LaunchSpec(launch, SourceKind.PIPELINE, display_launch(config.pipeline), decoder,
                           sink_name=sink, user_pipeline=True)
-    preset = PRESETS[choice.decoder]
-    element = choice.element or preset.elements[0]
+    preset = PRESETS[decoder]
+    element = element or preset.elements[0]
     if source_kind(config.url) is SourceKind.RTSP:
         return LaunchSpec(rtsp_launch(preset, element, config.open_timeout_s), SourceKind.RTSP,
-                          redact_url(config.url), choice.decoder, location=config.url, live=True)
+                          redact_url(config.url), decoder, location=config.url, live=True)
     path = local_path(config.url)
-    return LaunchSpec(file_launch(preset, element), SourceKind.FILE, path, choice.decoder, location=path,
-                      live=False, software_only=choice.decoder is Decoder.GSTREAMER)
+    return LaunchSpec(file_launch(preset, element), SourceKind.FILE, path, decoder, location=path,
+                      live=False, software_only=decoder is Decoder.GSTREAMER)
 
 
 def _named_sink(launch: str) -> tuple[str, str]:
@@ -244,29 +142,6 @@ def _named_sink(launch: str) -> tuple[str, str]:
     if match:
         return launch, match.group(1).strip("\"'")
     return f"{launch.rstrip()} name={SINK_NAME}", SINK_NAME
-
-
-def open_camera(config: CameraConfig, *, camera: str | None = None, reuse_frame: bool = False,
-                image_limits: ImageLimits = DEFAULT_LIMITS) -> tuple[Source, Decoder]:
-    """Open a camera's source with its decoder; returns the source and the decoder in use."""
-    choice = choose_decoder(config)
-    if choice.decoder is Decoder.PYAV:
-        from .pyav import PyAvSource
-        pyav_source = PyAvSource(config.url, camera=camera, loop=config.loop, open_timeout_s=config.open_timeout_s,
-                                 read_timeout_s=config.read_timeout_s, decode_threads=config.decode_threads)
-        pyav_source.reuse_frame = reuse_frame
-        return pyav_source, Decoder.PYAV
-    if choice.decoder is Decoder.OPENCV:
-        source = open_source(config.url, loop=config.loop, open_timeout_s=config.open_timeout_s,
-                             read_timeout_s=config.read_timeout_s, camera=camera,
-                             decode_threads=config.decode_threads, reuse_frame=reuse_frame,
-                             image_limits=image_limits, jpeg_decoder=config.jpeg_decoder)
-        return source, Decoder.OPENCV
-    source = GStreamerSource(launch_spec(config, choice), camera=camera, loop=config.loop,
-                             open_timeout_s=config.open_timeout_s, read_timeout_s=config.read_timeout_s,
-                             decode_threads=config.decode_threads)
-    source.reuse_frame = reuse_frame
-    return source, choice.decoder
 
 
 class GStreamerSource(Source):

@@ -1,6 +1,7 @@
 """Decoding the JPEGs of MJPEG cameras and image folders, on the GPU where a decoder is installed.
 
-A camera chooses with `jpeg_decoder: auto | nvimgcodec | nvjpeg | cpu` (default auto):
+A camera chooses with `jpeg_decoder: auto | nvimgcodec | nvjpeg | cpu` (default auto; the values,
+modules and install hints are the config's, `config.sources`):
 
 * `nvimgcodec` -- NVIDIA nvImageCodec (`from nvidia import nvimgcodec`; pip packages
   nvidia-nvimgcodec-cu12 / -cu13, Jetson: nvidia-nvimgcodec-tegra-cu12): maintained, x86 and Jetson;
@@ -23,43 +24,23 @@ thread safety of both GPU bindings is undocumented.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import logging
 import struct
-from enum import Enum
 from types import ModuleType
 from typing import Protocol
 
 import cv2
 import numpy as np
 
+from ..config.sources import INSTALL_HINTS, MODULES, JpegDecoderKind, jpeg_decoder_installed
 from ..errors import YoloedgeError
 from .imagesize import DEFAULT_LIMITS, ImageLimits, cv2_decode, decode_image, read_bounded
 
 log = logging.getLogger(__name__)
 
 
-class JpegDecoderKind(str, Enum):
-    AUTO = "auto"
-    NVIMGCODEC = "nvimgcodec"
-    NVJPEG = "nvjpeg"
-    CPU = "cpu"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-#: the values of the `jpeg_decoder` camera key
-JPEG_DECODERS = tuple(kind.value for kind in JpegDecoderKind)
 #: what `auto` tries, best first
 AUTO_ORDER = (JpegDecoderKind.NVIMGCODEC, JpegDecoderKind.NVJPEG)
-#: the module each GPU decoder is imported as
-MODULES = {JpegDecoderKind.NVIMGCODEC: "nvidia.nvimgcodec", JpegDecoderKind.NVJPEG: "nvjpeg"}
-INSTALL_HINTS = {
-    JpegDecoderKind.NVIMGCODEC: "pip install nvidia-nvimgcodec-cu12 (CUDA 13: nvidia-nvimgcodec-cu13; "
-                                "Jetson: nvidia-nvimgcodec-tegra-cu12)",
-    JpegDecoderKind.NVJPEG: "pip install pynvjpeg (it builds from source: needs the CUDA toolkit with nvJPEG)",
-}
 _SOI = b"\xff\xd8\xff"
 
 
@@ -192,17 +173,6 @@ class NvJpegDecoder(_GpuDecoder):
 _IMPLEMENTATIONS = {JpegDecoderKind.NVIMGCODEC: NvImageCodecDecoder, JpegDecoderKind.NVJPEG: NvJpegDecoder}
 
 
-def installed(kind: JpegDecoderKind) -> bool:
-    """Whether the decoder's module can be found, without importing it (no CUDA start-up): what
-    the config check asks."""
-    if kind is JpegDecoderKind.CPU or kind is JpegDecoderKind.AUTO:
-        return True
-    try:
-        return importlib.util.find_spec(MODULES[kind]) is not None
-    except (ImportError, ValueError):  # the parent package (nvidia) is missing or broken
-        return False
-
-
 def choose(requested: str | JpegDecoderKind) -> JpegDecoder:
     """The decoder a camera uses. `auto` takes the first GPU decoder that is installed and starts
     (saying in the log why one that is installed did not), else OpenCV. An explicit GPU decoder
@@ -212,14 +182,14 @@ def choose(requested: str | JpegDecoderKind) -> JpegDecoder:
         return CpuJpegDecoder()
     if kind is JpegDecoderKind.AUTO:
         for candidate in AUTO_ORDER:
-            if not installed(candidate):
+            if not jpeg_decoder_installed(candidate):
                 continue
             try:
                 return start(candidate)
             except JpegDecoderUnavailable as exc:
                 log.warning("jpeg_decoder auto: %s; trying the next decoder", exc)
         return CpuJpegDecoder()
-    if not installed(kind):
+    if not jpeg_decoder_installed(kind):
         raise JpegDecoderMissing(f"jpeg_decoder {kind.value}: {MODULES[kind]} is not installed: "
                                      f"{INSTALL_HINTS[kind]}, or use jpeg_decoder: auto")
     return start(kind)

@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import ImageError
 from ..redact import redact_url
 from ..textsafe import printable
-from .capture import Source, SourceError, SourceKind
+from .base import Source, SourceError, SourceKind
 from .imagesize import DEFAULT_LIMITS, ImageLimits, ImageTooLarge
 from .jpeg import JpegDecoder, decode
 

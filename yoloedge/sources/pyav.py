@@ -38,10 +38,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ..config.sources import PYAV_HINT
 from ..redact import redact_text, redact_url
-from .capture import (DEFAULT_DECODE_THREADS, FillingSource, SourceError, SourceKind, UnsupportedSourceError,
-                      local_path, plausible_fps, source_kind)
-from .gstlaunch import PYAV_HINT
+from .base import (DEFAULT_DECODE_THREADS, FillingSource, SourceError, SourceKind, UnsupportedSourceError, local_path,
+                   plausible_fps, source_kind)
 from .yuv import Colorimetry, I420Converter, Matrix, opencv_colorimetry, opencv_reads_tags, plane
 
 log = logging.getLogger(__name__)
