@@ -612,3 +612,15 @@ def test_stopping_waits_for_post_processing_to_return_the_outputs_before_closing
     assert Recording.post_busy_at_close == [False], "closed while post-processing still held an output set"
     assert [s for _, s, _ in p.published.items] == [0]
     p.stop()
+
+
+def test_worker_states_change_only_along_allowed_transitions():
+    w = DeviceWorker("test/0", AcceleratorConfig(), 0, ModelConfig(path="unused.onnx"), Batcher(timeout_s=0.02),
+                     PostStage("t", lambda *a: None), ProgressTracker(), lambda: OnnxRuntimeBackend("unused.onnx"))
+    with pytest.raises(RuntimeError, match="no transition from starting to restarting"):
+        w._transition(WorkerState.RESTARTING)
+    w._transition(WorkerState.RUNNING)
+    with pytest.raises(RuntimeError, match="no transition from running to hung-wait"):
+        w._transition(WorkerState.WAITING_FOR_HUNG)
+    w._transition(WorkerState.BACKOFF)
+    assert w.state is WorkerState.BACKOFF

@@ -28,10 +28,10 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from ..backoff import Backoff
 from ..detector import Detector
 from ..health.progress import DeviceCall
 from ..model import identity
-from .modelinfo import ModelInfo
 from .slots import BatchBuffer, OutputSet
 
 if TYPE_CHECKING:
@@ -67,6 +67,8 @@ class Incarnation:
         self.stop = threading.Event()
         self.buffers_out = threading.Event()  # its input sets left the batcher: no preparer writes them
         self.keep_open: str | None = None  # why its device memory must not be freed (see `_leak`)
+        #: between failed inferences of a device that has not given up yet (a new life starts afresh)
+        self.error_backoff = Backoff(0.2, 5.0)
         self.done = threading.Event()  # its thread ends: the device is released (or knowingly leaked)
 
     @property
@@ -147,7 +149,7 @@ class Incarnation:
                                  output_sets=sets)
         self.detector.warm_up()
         self.output_sets = sets
-        model = ModelInfo.of(self.detector)
+        model = worker.describe(self.detector)
         for index in range(sets):
             self.free_outputs.put(OutputSet(self.name, index, self.detector.max_batch, model,
                                             self.release_output_set))
@@ -272,7 +274,7 @@ class Incarnation:
         if stats.consecutive_errors:
             self.worker.health.healthy()
             stats.consecutive_errors = 0
-            self.worker.error_backoff.reset()
+            self.error_backoff.reset()
         stats.inferred(n, seconds)
 
     def _inference_failed(self, exc: Exception, frames: int) -> None:
@@ -289,7 +291,7 @@ class Incarnation:
             self.stop.set()  # leave the loop: the device is released and opened again
             return
         # A failing device is retried, but not in a tight loop.
-        self.stop.wait(worker.error_backoff.next_delay())
+        self.stop.wait(self.error_backoff.next_delay())
 
     def _acquire_output_set(self) -> OutputSet | None:
         while True:

@@ -10,9 +10,12 @@ keeps no state between calls.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..detector import Detector
 from ..postprocess import Layout, Postprocessor
+
+if TYPE_CHECKING:
+    from ..detector import Detector
 
 
 @dataclass(frozen=True)

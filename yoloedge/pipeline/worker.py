@@ -65,6 +65,7 @@ from ..health.progress import DeviceHealth, ProgressTracker
 from ..model import identity
 from .batcher import Batcher
 from .incarnation import Incarnation
+from .modelinfo import ModelInfo
 from .post import PostStage
 from .slots import BatchBuffer
 from .spare import SpareBackend
@@ -135,12 +136,13 @@ class DeviceWorker:
     def __init__(self, name: str, accelerator: AcceleratorConfig, device: int, model: ModelConfig,
                  batcher: Batcher, post: PostStage, tracker: ProgressTracker,
                  backend_factory: Callable[[], Backend], clock: Callable[[], float] = time.monotonic,
-                 restart: RestartPolicy = RestartPolicy()):
-        self.name = f"worker-{name}"
+                 restart: RestartPolicy = RestartPolicy(),
+                 describe: Callable[[Detector], ModelInfo] = ModelInfo.of):
         self.worker_name = name
         self.accelerator = accelerator
         self.device = device
         self.model = model
+        self.describe = describe  # the model's description for post-processing (the group's, see `groups`)
         self.batcher = batcher
         self.post = post
         self.tracker = tracker
@@ -157,7 +159,6 @@ class DeviceWorker:
         self._stop_event = threading.Event()
         self._wake = threading.Event()
         self.spare = SpareBackend(name, backend_factory, self._stop_event)
-        self.error_backoff = Backoff(0.2, 5.0)  # between failed inferences of a device not given up yet
         self._backoff = restart.backoff()
         self._current: Incarnation | None = None
         self._hung: list[Incarnation] = []  # abandoned incarnations whose call has not returned yet
@@ -364,7 +365,6 @@ class DeviceWorker:
                 if restarted:
                     self.stats.restarts += 1
                     self.stats.consecutive_errors = 0
-                    self.error_backoff.reset()
         if current:
             self.batcher.add_buffers(inc.owner, list(inc.loaded.backend.input_buffers), device=self.worker_name)
             self.batcher.set_down(self.worker_name, False)
@@ -418,13 +418,7 @@ class DeviceWorker:
             "model": self.model.path,
             "batch": detector.max_batch if detector else self.accelerator.batch,
             "state": self.state.value,
-            "inferences_per_s": round(stats.inferences.rate(), 2),
-            "frames_per_s": round(stats.frames_done.rate(), 2),
-            "utilisation": round(min(1.0, stats.busy.rate()), 3),
-            "busy_s": round(stats.busy.total, 3),
-            "p50_ms": stats.infer_ms.percentile(50),
-            "p99_ms": stats.infer_ms.percentile(99),
-            "batch_p50": stats.batch_sizes.percentile(50),
+            **stats.meters(),
             "queue_depth": self.batcher.pending(),
             "in_flight": self.in_flight,  # a batch is on the device now
             "errors": stats.errors,

@@ -51,6 +51,19 @@ class WorkerStats:
         self.frames_done.mark(frames)
 
 
+    def meters(self) -> dict:
+        """The status report's rates and percentiles."""
+        return {
+            "inferences_per_s": round(self.inferences.rate(), 2),
+            "frames_per_s": round(self.frames_done.rate(), 2),
+            "utilisation": round(min(1.0, self.busy.rate()), 3),
+            "busy_s": round(self.busy.total, 3),
+            "p50_ms": self.infer_ms.percentile(50),
+            "p99_ms": self.infer_ms.percentile(99),
+            "batch_p50": self.batch_sizes.percentile(50),
+        }
+
+
 def batch_bounds(batch: int) -> tuple[float, ...]:
     """1, 2, 4... up to the configured batch, which is a bound itself: a full batch is its own bucket."""
     return tuple(sorted({float(2 ** i) for i in range(batch.bit_length()) if 2 ** i < batch} | {float(batch)}))
