@@ -362,14 +362,19 @@ class DeviceWorker:
                 self._transition(WorkerState.RUNNING)
                 self._running_since = self.clock()
                 restarted = inc.generation > 1
-                if restarted:
+                if restarted:  # healthy with the state and the count: whoever sees one sees all three
+                    self.health.healthy()
                     self.stats.restarts += 1
                     self.stats.consecutive_errors = 0
         if current:
-            self.batcher.add_buffers(inc.owner, list(inc.loaded.backend.input_buffers), device=self.worker_name)
-            self.batcher.set_down(self.worker_name, False)
+            try:
+                self.batcher.add_buffers(inc.owner, list(inc.loaded.backend.input_buffers), device=self.worker_name)
+                self.batcher.set_down(self.worker_name, False)
+            except Exception as exc:
+                if restarted:  # down again, a moment after it was reported healthy
+                    self.health.unhealthy(f"{type(exc).__name__}: {exc}")
+                raise
             if restarted:
-                self.health.healthy()
                 log.warning("%s: device open again (restart %d)", self.worker_name, self.stats.restarts,
                             extra={"device": self.worker_name})
         self.ready.set()
