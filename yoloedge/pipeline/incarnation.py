@@ -186,9 +186,17 @@ class Incarnation:
         a preparer still writes after the batcher's wait keeps the device open (see `_leak`)."""
         lost = self.worker.batcher.remove_buffers(self.owner)
         for buffer in lost:
-            self.worker.give_up(buffer, reason)
+            self.give_up(buffer, reason)
         if any(not b.ready for b in lost):
             self.keep_open = "a preparer is still writing into its input buffers"
+
+    def give_up(self, buffer: BatchBuffer, reason: str | None) -> None:
+        """The buffer's frames will not be published: count them and free their ticket."""
+        frames = sum(1 for m in buffer.metas[:buffer.claimed] if m.valid)
+        self.worker.stats.frames_lost += frames
+        self.worker.post.skip(buffer.ticket)
+        if reason and frames:
+            log.warning("%s: %d frame(s) not processed: %s", self.name, frames, reason, extra={"device": self.name})
 
     def _await_output_sets(self) -> None:
         """Post-processing may still read outputs in this device's memory: wait (bounded) for it to
@@ -227,7 +235,7 @@ class Incarnation:
         output_set = self._acquire_output_set()
         if output_set is None:  # stopping while post-processing holds every output set
             worker.batcher.release(buffer)
-            worker.give_up(buffer, "stopping")
+            self.give_up(buffer, "stopping")
             return
         n = buffer.claimed
         with worker.lock:
@@ -242,7 +250,7 @@ class Incarnation:
                 if self.abandoned:  # its ticket and frames were given up already
                     self.release_output_set(output_set)
                     return
-            worker.give_up(buffer, None)
+            self.give_up(buffer, None)
             worker.batcher.release(buffer)
             self.release_output_set(output_set)
             self._inference_failed(exc, n)

@@ -330,7 +330,7 @@ class DeviceWorker:
             self.health.abandon(reason)
             self.batcher.set_down(self.worker_name, True)
             if running is not None:
-                self.give_up(running, "the device call hung")
+                inc.give_up(running, "the device call hung")
             inc.remove_buffers("the device hung")
         finally:
             inc.buffers_out.set()
@@ -400,15 +400,6 @@ class DeviceWorker:
                 self._hung.remove(inc)
         inc.done.set()
         self._wake.set()
-
-    def give_up(self, buffer: BatchBuffer, reason: str | None) -> None:
-        """The buffer's frames will not be published: count them and free their ticket."""
-        frames = sum(1 for m in buffer.metas[:buffer.claimed] if m.valid)
-        self.stats.frames_lost += frames
-        self.post.skip(buffer.ticket)
-        if reason and frames:
-            log.warning("%s: %d frame(s) not processed: %s", self.worker_name, frames, reason,
-                        extra={"device": self.worker_name})
 
     # -- status -------------------------------------------------------------------------------
     def status(self) -> dict:
