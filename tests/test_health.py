@@ -16,7 +16,7 @@ from yoloedge.config.schema import LoggingConfig
 from yoloedge.health.logsetup import (JournaldHandler, RedactingFilter, StderrHandler, make_handler,
                                       redact_text, setup_logging)
 from yoloedge.health.notify import SystemdNotifier, watchdog_interval_s
-from yoloedge.health.progress import ProgressTracker
+from yoloedge.health.progress import DeviceHealth, ProgressTracker
 from yoloedge.redact import redact_url
 
 
@@ -129,80 +129,88 @@ class FakeClock:
 
 def test_busy_past_deadline_is_a_problem():
     clock = FakeClock()
-    tracker = ProgressTracker(clock)
-    tracker.register("onnxruntime0", 10.0)
-    tracker.busy("onnxruntime0")
-    assert tracker.check(now=105.0) == []
-    assert [str(p) for p in tracker.check(now=112.3)] == ["onnxruntime0: inference running for 12.3 s (deadline 10 s)"]
+    tracker = ProgressTracker()
+    health = DeviceHealth("onnxruntime0", clock)
+    tracker.register(health)
+    call = health.begin("inference", 10.0)
+    clock.now = 105.0
+    assert tracker.check() == []
     clock.now = 112.3
     assert [str(p) for p in tracker.check()] == ["onnxruntime0: inference running for 12.3 s (deadline 10 s)"]
-    tracker.idle("onnxruntime0")
+    assert health.overdue() == "inference running for 12.3 s (deadline 10 s)"  # what the supervisor acts on
+    health.end(call)
     assert tracker.check() == []
 
 
 def test_idle_worker_is_healthy_forever():
     clock = FakeClock()
-    tracker = ProgressTracker(clock)
-    tracker.register("npu0", 1.0)
+    tracker = ProgressTracker()
+    health = DeviceHealth("npu0", clock)
+    tracker.register(health)
     clock.now += 86400
     assert tracker.check() == []
-    tracker.busy("npu0")
-    tracker.idle("npu0")
+    health.end(health.begin("inference", 1.0))
+    clock.now += 86400
+    assert tracker.check() == [] and tracker.making_progress()
+
+
+def test_explicit_health_and_calls_without_a_deadline():
+    clock = FakeClock()
+    tracker = ProgressTracker()
+    health = DeviceHealth("trt0", clock)
+    tracker.register(health)
+    health.begin("first opening of the device", None)  # start-up waits for it: never overdue
     clock.now += 86400
     assert tracker.check() == []
-    assert tracker.snapshot()[0].state == "idle"
-    assert tracker.snapshot()[0].inferences == 1
-
-
-def test_failures_and_explicit_health():
-    tracker = ProgressTracker(FakeClock())
-    tracker.register("trt0", 5.0, max_consecutive_errors=2)
-    tracker.busy("trt0")
-    tracker.failed("trt0", RuntimeError("CUDA error 700"))
-    assert tracker.check() == []  # responsive again; one failure is below the limit
-    tracker.busy("trt0")
-    tracker.failed("trt0", RuntimeError("CUDA error 700"))
-    assert [str(p) for p in tracker.check()] == ["trt0: 2 inferences in a row failed (last: RuntimeError: CUDA error 700)"]
-    tracker.busy("trt0")
-    tracker.idle("trt0")
-    assert tracker.check() == []
-    tracker.mark_unhealthy("trt0", "device lost")
+    health.unhealthy("device lost")
     assert [str(p) for p in tracker.check()] == ["trt0: device lost"]
-    assert tracker.snapshot()[0].state == "unhealthy"
-    tracker.mark_healthy("trt0")
+    assert not tracker.making_progress()
+    health.healthy()
     assert tracker.check() == []
-    assert tracker.snapshot()[0].errors == 2
 
 
-def test_unknown_and_unregistered_workers():
-    tracker = ProgressTracker(FakeClock())
-    with pytest.raises(KeyError):
-        tracker.busy("ghost")
-    tracker.register("w", 1.0)
-    tracker.busy("w")
+def test_a_late_return_of_an_abandoned_call_does_not_clear_its_successor():
+    clock = FakeClock()
+    health = DeviceHealth("w", clock)
+    hung = health.begin("inference", 1.0)
+    clock.now += 2
+    health.abandon(health.overdue() or "")
+    health.healthy()
+    health.begin("inference", 1.0)
+    health.end(hung)  # the abandoned thread's call returns at last
+    clock.now += 2
+    assert health.overdue() == "inference running for 2.0 s (deadline 1 s)"
+
+
+def test_unregistered_workers_and_bad_deadlines():
+    clock = FakeClock()
+    tracker = ProgressTracker()
+    health = DeviceHealth("w", clock)
+    tracker.register(health)
+    health.begin("inference", 1.0)
     tracker.unregister("w")
     tracker.unregister("w")
-    assert tracker.check(now=1e9) == []
+    clock.now = 1e9
+    assert tracker.check() == []
     with pytest.raises(ValueError):
-        tracker.register("w", 0)
+        health.begin("inference", 0)
 
 
 def test_tracker_is_thread_safe():
     tracker = ProgressTracker()
-    names = [f"w{i}" for i in range(4)]
-    for name in names:
-        tracker.register(name, 60.0)
+    records = [DeviceHealth(f"w{i}", FakeClock()) for i in range(4)]
+    for health in records:
+        tracker.register(health)
     errors = []
 
-    def work(name):
+    def work(health):
         try:
             for _ in range(2000):
-                tracker.busy(name)
-                tracker.idle(name)
+                health.end(health.begin("inference", 60.0))
         except Exception as exc:  # noqa: BLE001 -- surfaced by the assert below
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in names]
+    threads = [threading.Thread(target=work, args=(h,)) for h in records]
     for t in threads:
         t.start()
     for _ in range(200):
@@ -210,7 +218,7 @@ def test_tracker_is_thread_safe():
     for t in threads:
         t.join()
     assert errors == []
-    assert all(p.inferences == 2000 for p in tracker.snapshot())
+    assert tracker.check() == [] and tracker.making_progress()
 
 
 # --- redaction and logging -------------------------------------------------------------------
@@ -418,7 +426,7 @@ def test_a_problem_marks_only_its_own_worker_unhealthy_in_status(tmp_path):
     daemon = Daemon(config, str(tmp_path / "unused.yaml"), {})
     assert daemon._start_accelerators(config)
     try:
-        daemon.tracker.mark_unhealthy("cpu/10", "device lost")
+        daemon.groups["cpu"].workers[1].health.unhealthy("device lost")
         workers = {a["name"]: a for a in daemon.status()["accelerators"]}
         assert workers["cpu/10"]["healthy"] is False
         assert workers["cpu/1"]["healthy"] is True

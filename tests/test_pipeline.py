@@ -324,7 +324,7 @@ class Published:
     def __call__(self, meta, dets, output_set):
         self.entered.set()
         self.gate.wait(30)
-        labels = output_set.worker.detector.labels
+        labels = output_set.model.labels
         self.items.append((meta.camera, meta.seq, [labels[c] for c in dets.class_ids]))
 
 
@@ -379,7 +379,7 @@ def test_frames_are_letterboxed_run_and_published_each_with_its_own_answer(model
     assert [s for _, s, _ in p.published.items] == list(range(10))
     for _, seq, labels in p.published.items:
         assert labels == (["red"] if seq % 2 == 0 else ["blue"]), (seq, labels)
-    assert p.workers[0].frames_done.total == 10
+    assert p.workers[0].stats.frames_done.total == 10
     p.stop()
     assert p.workers[0].state is WorkerState.STOPPED
 
@@ -453,8 +453,8 @@ def test_failing_inferences_mark_the_worker_unhealthy_then_recover(model):
     sink = p.camera("a", 20)
     for i in range(2):
         sink(frame("a", i), 5.0)
-    wait_until(lambda: w.errors == 2, what="two failures")
-    assert w.frames_lost == 2
+    wait_until(lambda: w.stats.errors == 2, what="two failures")
+    assert w.stats.frames_lost == 2
     assert any("failed in a row" in str(pr) and pr.source == "test/0" for pr in p.tracker.check())
     sink(frame("a", 2), 5.0)
     wait_until(lambda: len(p.published.items) == 1, what="the next frame published")
@@ -612,3 +612,15 @@ def test_stopping_waits_for_post_processing_to_return_the_outputs_before_closing
     assert Recording.post_busy_at_close == [False], "closed while post-processing still held an output set"
     assert [s for _, s, _ in p.published.items] == [0]
     p.stop()
+
+
+def test_worker_states_change_only_along_allowed_transitions():
+    w = DeviceWorker("test/0", AcceleratorConfig(), 0, ModelConfig(path="unused.onnx"), Batcher(timeout_s=0.02),
+                     PostStage("t", lambda *a: None), ProgressTracker(), lambda: OnnxRuntimeBackend("unused.onnx"))
+    with pytest.raises(RuntimeError, match="no transition from starting to restarting"):
+        w._transition(WorkerState.RESTARTING)
+    w._transition(WorkerState.RUNNING)
+    with pytest.raises(RuntimeError, match="no transition from running to hung-wait"):
+        w._transition(WorkerState.WAITING_FOR_HUNG)
+    w._transition(WorkerState.BACKOFF)
+    assert w.state is WorkerState.BACKOFF

@@ -38,12 +38,13 @@ from yoloedge.backends import acl_runtime  # noqa: E402
 from yoloedge.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
 from yoloedge.config import AcceleratorConfig, ModelConfig  # noqa: E402
 from yoloedge.errors import BackendError  # noqa: E402
-from yoloedge.health.progress import ProgressTracker  # noqa: E402
+from yoloedge.health.progress import DeviceHealth, ProgressTracker  # noqa: E402
 from yoloedge.model import identity  # noqa: E402
 from yoloedge.pipeline.batcher import Batcher  # noqa: E402
 from yoloedge.pipeline.intake import CameraIntake  # noqa: E402
 from yoloedge.pipeline.post import PostStage  # noqa: E402
 from yoloedge.pipeline.prepare import Preparer  # noqa: E402
+from yoloedge.pipeline import incarnation as incarnation_module  # noqa: E402
 from yoloedge.pipeline import worker as worker_module  # noqa: E402
 from yoloedge.pipeline.worker import DeviceWorker, RestartPolicy, WorkerState  # noqa: E402
 from yoloedge.preprocess import Resizer  # noqa: E402
@@ -98,8 +99,8 @@ class Sink:
 
     def __call__(self, meta, dets, output_set):
         with self._lock:
-            self.items.append((meta.camera, meta.seq, output_set.worker.worker.worker_name))
-            if self.keep_from == output_set.worker.worker.worker_name:
+            self.items.append((meta.camera, meta.seq, output_set.device))
+            if self.keep_from == output_set.device:
                 self.keep_from = None
                 self.kept.append(output_set)
                 output_set.release = lambda: None  # never handed back, like a stuck post thread
@@ -118,8 +119,7 @@ class Rig:
 
     def __init__(self, model: str, factories, max_errors=2):
         self.clocks = [Clock() for _ in factories]
-        self.tracker_clock = Clock()
-        self.tracker = ProgressTracker(clock=self.tracker_clock)
+        self.tracker = ProgressTracker()
         self.batcher = Batcher(timeout_s=0.01)
         self.sink = Sink()
         self.post = PostStage("rig", self.sink, max_threads=2)
@@ -157,7 +157,7 @@ class Rig:
 
     @property
     def lost(self) -> int:
-        return sum(w.frames_lost for w in self.workers)
+        return sum(w.stats.frames_lost for w in self.workers)
 
     def settle(self, what: str) -> None:
         """Every frame fed is published or counted lost: none is stuck behind a ticket."""
@@ -201,38 +201,38 @@ def exercise(rig: Rig, fail_card1, hang_card1, held_calls, leaks=None) -> None:
         rig.settle("card 0 alone")
         assert sum(1 for *_, d in rig.sink.snapshot() if d == "rig/0") == served_by_0 + 20
         clock1.advance(POLICY.max_delay_s)
-        wait_until(lambda n=restart: card1.state is WorkerState.RUNNING and card1.restarts == n,
+        wait_until(lambda n=restart: card1.state is WorkerState.RUNNING and card1.stats.restarts == n,
                    what=f"card 1 open again ({restart})")
         # Idle after its comeback, long past the deadline: the calls that failed are over, so
         # nothing may read as "inference running" (that stopped the watchdog of a recovered card).
-        rig.tracker_clock.advance(TIMEOUT_S * 3)
+        clock1.advance(TIMEOUT_S * 3)
         assert rig.tracker.check() == [], rig.tracker.check()
         if leaks:
             assert leaks() == baseline, f"restart {restart} leaked"
 
     hold = hang_card1()
     rig.feed_until(hold.is_set, "card 1's call hangs")
-    before = card1.frames_lost
+    before = card1.stats.frames_lost
     clock1.advance(TIMEOUT_S + 0.5)
     wait_until(lambda: card1.state is WorkerState.BACKOFF, what="the hung call abandoned")
-    assert card1.hung_calls == 1 and card1.frames_lost > before, "the hung batch is given up, not waited for"
+    assert card1.hung_calls == 1 and card1.stats.frames_lost > before, "the hung batch is given up, not waited for"
     assert "running for" in (card1.last_error or "")
     rig.feed(10)
     rig.settle("card 0 serves while card 1 hangs")
     clock1.advance(POLICY.max_delay_s)
-    wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 3, what="card 1 open again (3)")
+    wait_until(lambda: card1.state is WorkerState.RUNNING and card1.stats.restarts == 3, what="card 1 open again (3)")
     assert card1.hung_calls == 1, "the hung call still runs on its abandoned thread"
     served_by_1 = sum(1 for *_, d in rig.sink.snapshot() if d == "rig/1")
     rig.feed_until(lambda: sum(1 for *_, d in rig.sink.snapshot() if d == "rig/1") > served_by_1,
                    "card 1 serves again")
     held_calls()  # the hung call returns: its late results are discarded, its device released
     wait_until(lambda: card1.hung_calls == 0, what="the abandoned thread released its device")
-    assert card1.leaked_openings == 0
+    assert card1.stats.leaked_openings == 0
     rig.settle("after the hang")
     if leaks:
         assert leaks() == baseline, "the abandoned incarnation leaked"
 
-    assert card0.restarts == 0 and card0.state is WorkerState.RUNNING
+    assert card0.stats.restarts == 0 and card0.state is WorkerState.RUNNING
     assert rig.tracker.check() == [] and rig.tracker.making_progress()
     status = card0.status()
     assert status["rebalanced"] > 0 and card1.status()["restarts"] == 3
@@ -307,7 +307,7 @@ def test_the_only_fake_card_restarts_without_finalising_pyacl(fake_acl, tiny_om)
                    what="the failed reopening rescheduled")
         clock.advance(POLICY.max_delay_s)
         wait_until(lambda: card.state is WorkerState.RUNNING, what="the card open again")
-        assert card.restarts == 1 and _fake.leaks() == baseline
+        assert card.stats.restarts == 1 and _fake.leaks() == baseline
         assert _fake.STATE.init_count == 1 and _fake.STATE.finalize_count == 0
         rig.feed(4)
         rig.settle("served again")
@@ -410,7 +410,7 @@ def test_restart_backoff_doubles_and_a_failed_reopen_is_retried(tmp_path):
         assert delays == [1.0, 2.0, 4.0, 4.0]
         clock.advance(4.0)
         wait_until(lambda: card1.state is WorkerState.RUNNING, what="card 1 open again")
-        assert card1.restarts == 1
+        assert card1.stats.restarts == 1
         rig.feed(4)
         rig.settle("after the reopening")
     finally:
@@ -439,7 +439,7 @@ def test_a_reopening_slower_than_the_inference_deadline_is_waited_for(tmp_path):
         clock.looked_again()
         assert card1.state is WorkerState.RESTARTING and card1.hung_calls == 0, card1.last_error
         release.set()
-        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 1, what="card 1 open again")
+        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.stats.restarts == 1, what="card 1 open again")
 
         faults.fail_left[1] = 2  # once more, and this time the opening never ends
         entered, release = faults.slow_open(1)
@@ -452,7 +452,7 @@ def test_a_reopening_slower_than_the_inference_deadline_is_waited_for(tmp_path):
         release.set()
         wait_until(lambda: card1.hung_calls == 0, what="the abandoned opening released its device")
         clock.advance(POLICY.max_delay_s)
-        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 2, what="card 1 open again")
+        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.stats.restarts == 2, what="card 1 open again")
         rig.feed(4)
         rig.settle("served again")
     finally:
@@ -463,14 +463,14 @@ def test_a_reopening_slower_than_the_inference_deadline_is_waited_for(tmp_path):
 def test_a_device_thread_that_dies_is_a_failure_not_a_running_device(tmp_path, monkeypatch):
     """An unexpected exception on the device thread (here: post-processing cannot start a thread)
     must not leave a dead device reported running, feeding the watchdog, holding a ticket."""
-    monkeypatch.setattr(worker_module, "OUTPUT_WAIT_S", 0.2)
+    monkeypatch.setattr(incarnation_module, "OUTPUT_WAIT_S", 0.2)
     faults = Faults()
     rig, _ = ort_rig(tmp_path, faults)
     card1, clock = rig.workers[1], rig.clocks[1]
     submit, failed = rig.post.submit, threading.Event()
 
     def flaky_submit(output_set):
-        if output_set.worker.worker is card1 and not failed.is_set():
+        if output_set.device == card1.worker_name and not failed.is_set():
             failed.set()
             raise RuntimeError("can't start new thread")
         submit(output_set)
@@ -481,9 +481,9 @@ def test_a_device_thread_that_dies_is_a_failure_not_a_running_device(tmp_path, m
         assert "can't start new thread" in card1.last_error
         assert [p.source for p in rig.tracker.check()] == ["rig/1"] and rig.tracker.making_progress()
         rig.settle("publishing does not wait for the lost batch")
-        assert card1.frames_lost > 0
+        assert card1.stats.frames_lost > 0
         clock.advance(POLICY.max_delay_s)
-        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 1, what="card 1 open again")
+        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.stats.restarts == 1, what="card 1 open again")
         assert rig.tracker.check() == []
         rig.feed(4)
         rig.settle("served again")
@@ -502,7 +502,7 @@ def test_start_up_never_waits_for_a_device_thread_that_failed(tmp_path, monkeypa
     post = PostStage("solo", Sink())
     acc = AcceleratorConfig(batch=2, inference_timeout_s=TIMEOUT_S)
     cfg = ModelConfig(path=model, format="v8", labels=["red", "blue"], conf=0.1)
-    worker = DeviceWorker("solo/0", acc, 0, cfg, batcher, post, ProgressTracker(clock=Clock()),
+    worker = DeviceWorker("solo/0", acc, 0, cfg, batcher, post, ProgressTracker(),
                           lambda: OnnxRuntimeBackend(model), clock=Clock(), restart=POLICY)
     post.start()
     worker.start()
@@ -544,7 +544,7 @@ def test_status_does_not_wait_for_a_backend_being_constructed(tmp_path):
         proceed.set()
         wait_until(lambda: card1.state is WorkerState.BACKOFF, what="card 1 let go")
         rig.clocks[1].advance(POLICY.max_delay_s)
-        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 1, what="card 1 open again")
+        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.stats.restarts == 1, what="card 1 open again")
         assert card1.loaded.backend is made[1], "the reopening uses the backend prepared for it"
     finally:
         proceed.set()
@@ -554,7 +554,7 @@ def test_status_does_not_wait_for_a_backend_being_constructed(tmp_path):
 def test_device_memory_that_post_processing_still_holds_is_never_freed(tmp_path, monkeypatch):
     """Outputs may be views on device memory: a failed card whose output set is not handed back in
     time keeps its memory (counted), instead of freeing what post-processing may still read."""
-    monkeypatch.setattr(worker_module, "OUTPUT_WAIT_S", 0.2)
+    monkeypatch.setattr(incarnation_module, "OUTPUT_WAIT_S", 0.2)
     faults = Faults()
     rig, _ = ort_rig(tmp_path, faults)
     card1, clock = rig.workers[1], rig.clocks[1]
@@ -564,11 +564,11 @@ def test_device_memory_that_post_processing_still_holds_is_never_freed(tmp_path,
         rig.feed_until(lambda: rig.sink.kept, "post-processing keeps an output set of card 1")
         faults.fail_left[1] = 2
         rig.feed_until(lambda: card1.state is WorkerState.BACKOFF, "card 1 gives up")
-        wait_until(lambda: card1.leaked_openings == 1, what="card 1's first opening left allocated")
+        wait_until(lambda: card1.stats.leaked_openings == 1, what="card 1's first opening left allocated")
         assert not first.closed, "device memory freed while post-processing holds it"
         assert card1.status()["leaked_openings"] == 1
         clock.advance(POLICY.max_delay_s)
-        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 1, what="card 1 open again")
+        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.stats.restarts == 1, what="card 1 open again")
         rig.feed(4)
         rig.settle("served again")
     finally:
@@ -631,7 +631,7 @@ def test_a_model_file_changed_on_disk_is_not_loaded_by_a_reopening(tmp_path, mak
             assert f"model file {model} changed since the service started" in error, error
             assert hashlib.sha256(original).hexdigest()[:16] in error and _sha256(other)[:16] in error, error
             assert "restart the service" in error and "put the original back" in error, error
-            assert card1.restarts == 0 and card1.loaded.backend.closed, "the card stays down"
+            assert card1.stats.restarts == 0 and card1.loaded.backend.closed, "the card stays down"
             assert card1.next_retry_mono - clock() > delay, "retried with the usual (growing) backoff"
         assert [p.source for p in rig.tracker.check()] == ["rig/1"] and rig.tracker.making_progress()
         served_by_0 = sum(1 for *_, d in rig.sink.snapshot() if d == "rig/0")
@@ -641,7 +641,7 @@ def test_a_model_file_changed_on_disk_is_not_loaded_by_a_reopening(tmp_path, mak
 
         Path(model).write_bytes(original)  # the original is back
         clock.advance(card1.next_retry_mono - clock())
-        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == 1, what="card 1 open again")
+        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.stats.restarts == 1, what="card 1 open again")
         assert card1.loaded.input.height == SIZE and len(card1.loaded.labels) == 2
         served_by_1 = sum(1 for *_, d in rig.sink.snapshot() if d == "rig/1")
         rig.feed_until(lambda: sum(1 for *_, d in rig.sink.snapshot() if d == "rig/1") > served_by_1,
@@ -696,7 +696,7 @@ def test_a_card_at_its_hung_call_limit_says_it_waits_for_one_to_return(tmp_path,
                        what=f"hung call {hang} abandoned")
             clock.advance(POLICY.max_delay_s)
             if hang < POLICY.max_hung:
-                wait_until(lambda n=hang: card1.state is WorkerState.RUNNING and card1.restarts == n,
+                wait_until(lambda n=hang: card1.state is WorkerState.RUNNING and card1.stats.restarts == n,
                            what=f"card 1 open again ({hang})")
         wait_until(lambda: card1.state is WorkerState.WAITING_FOR_HUNG, what="card 1 waits for a hung call")
         for _ in range(3):  # however long it waits: the same status, one log line, no reopening
@@ -712,7 +712,7 @@ def test_a_card_at_its_hung_call_limit_says_it_waits_for_one_to_return(tmp_path,
         rig.settle("card 0 serves while card 1 waits")
 
         gates[0][1].set()  # the first hung call returns
-        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.restarts == POLICY.max_hung,
+        wait_until(lambda: card1.state is WorkerState.RUNNING and card1.stats.restarts == POLICY.max_hung,
                    what="card 1 open again once a hung call returned")
         assert card1.hung_calls == POLICY.max_hung - 1 and card1.status()["next_retry_in_s"] is None
         gates[1][1].set()
@@ -730,19 +730,20 @@ def test_a_card_at_its_hung_call_limit_says_it_waits_for_one_to_return(tmp_path,
 # -- the watchdog rule -----------------------------------------------------------------------------
 def test_watchdog_is_fed_while_any_device_makes_progress():
     clock = Clock()
-    tracker = ProgressTracker(clock=clock)
-    tracker.register("acc/0", 5.0)
-    tracker.register("acc/1", 5.0)
+    tracker = ProgressTracker()
+    card0, card1 = DeviceHealth("acc/0", clock), DeviceHealth("acc/1", clock)
+    tracker.register(card0)
+    tracker.register(card1)
     assert tracker.making_progress()
-    tracker.busy("acc/1")
+    card1.begin("inference", 5.0)
     clock.advance(6)
     assert [p.source for p in tracker.check()] == ["acc/1"]
     assert tracker.making_progress(), "one card hung, the other healthy: keep pinging"
-    tracker.abandoned("acc/1", "inference running for 6.0 s (deadline 5 s)")
+    card1.abandon(card1.overdue())
     assert [str(p) for p in tracker.check()] == ["acc/1: inference running for 6.0 s (deadline 5 s)"]
-    tracker.mark_unhealthy("acc/0", "5 inferences failed in a row")
+    card0.unhealthy("5 inferences failed in a row")
     assert not tracker.making_progress(), "no card makes progress: let systemd restart us"
-    tracker.mark_healthy("acc/1")
+    card1.healthy()
     assert tracker.making_progress()
 
 

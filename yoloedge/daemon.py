@@ -453,7 +453,7 @@ class Daemon:
             publisher = self.publisher
         streaming = sum(1 for c in cameras if c.state is CameraState.STREAMING)
         enabled = sum(1 for c in cameras if c.config.enabled)
-        rate = sum(w.frames_done.rate() for g in self.groups.values() for w in g.workers)
+        rate = sum(w.stats.frames_done.rate() for g in self.groups.values() for w in g.workers)
         mqtt = "connected" if publisher is not None and publisher.stats().get("connected") else "disconnected"
         problems = self.tracker.check()
         health = f", PROBLEM: {problems[0]}" if problems else ""

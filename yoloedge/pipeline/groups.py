@@ -2,6 +2,9 @@
 
     camera queues -> preparers (letterbox into input sets) -> workers (run) -> post (decode, publish)
 
+The model is the group's: every device loads the same file, and the first to load it describes
+it (`ModelInfo`) for post-processing and routing, through each output set, for every device.
+
 Started in that order's reverse (post, workers, then preparers once a model is loaded and the
 letterbox is known) and stopped in it (preparers, workers, post), each stage bounded in time.
 """
@@ -21,6 +24,7 @@ from ..health.progress import ProgressTracker
 from ..preprocess import Resizer
 from .batcher import Batcher
 from .intake import CameraIntake
+from .modelinfo import ModelInfo
 from .post import Floor, PostStage, Sink, no_floor
 from .prepare import Preparer, auto_threads
 from .worker import DeviceWorker, WorkerState
@@ -34,11 +38,13 @@ class AcceleratorGroup:
         self.name = name
         self.config = config
         self.model = model
+        self._lock = threading.Lock()  # guards `_model_info`; a leaf
+        self._model_info: ModelInfo | None = None
         self.batcher = Batcher(config.batch_timeout_ms / 1000.0)
         self.post = PostStage(name, sink, auto_threads(config.post_threads), floor)
         self.workers = [
             DeviceWorker(f"{name}/{device}", config, device, model, self.batcher, self.post, tracker,
-                         self._factory(device))
+                         self._factory(device), describe=self._describe)
             for device in config.devices
         ]
         self.preparers: list[Preparer] = []
@@ -47,6 +53,20 @@ class AcceleratorGroup:
         def create() -> Backend:
             return create_backend(self.config.backend, self.model.path, backend_config_for(self.config, device))
         return create
+
+    def _describe(self, detector: Detector) -> ModelInfo:
+        """The model's description, made once from the first device that loaded it (on its
+        thread): a reopening loads the same file (`model.identity`), a sibling the same path."""
+        with self._lock:
+            if self._model_info is None:
+                self._model_info = ModelInfo.of(detector)
+            return self._model_info
+
+    @property
+    def model_info(self) -> ModelInfo | None:
+        """None until a device has loaded the model."""
+        with self._lock:
+            return self._model_info
 
     def start(self) -> None:
         self.post.start()

@@ -8,8 +8,10 @@ the batches' tickets (the order they were sealed in, see `batcher`): a decoded b
 thread completes the sequence publishes it. So each camera's frames are published in the order
 they were read, while decoding runs in parallel, and no thread ever blocks waiting for its turn.
 
-The output set goes back to its worker once its frames are published: a slow broker or a slow
-decode therefore slows the device down (bounded memory) instead of queueing without end.
+Each output set brings the model's description (`modelinfo.ModelInfo`: the decoder, the labels),
+the same for every device of the group. It goes back to its device once its frames are
+published: a slow broker or a slow decode therefore slows the device down (bounded memory)
+instead of queueing without end.
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ class PostStage:
             self._publish_in_order()
 
     def _decode(self, item: OutputSet) -> list[Detections | None]:
-        detector = item.worker.loaded
+        postprocess = item.model.postprocess
         results: list[Detections | None] = []
         for i in range(item.count):
             meta = item.metas[i]
@@ -129,8 +131,7 @@ class PostStage:
                 results.append(None)
                 continue
             try:
-                results.append(detector.postprocess_one([o[i] for o in item.outputs], geometry,
-                                                        self.floor(meta.camera)))
+                results.append(postprocess([o[i] for o in item.outputs], geometry, self.floor(meta.camera)))
             except Exception:  # noqa: BLE001 - one bad output must not stop the rest
                 self.errors += 1
                 results.append(None)

@@ -194,7 +194,7 @@ class ResultRouter:
 
     # -- frames (post-processing threads) ----------------------------------------------------
     def __call__(self, meta: SlotMeta, dets: Detections, output_set: OutputSet) -> None:
-        self.route(meta, dets, output_set.worker.loaded.labels, output_set.started_mono,
+        self.route(meta, dets, output_set.model.labels, output_set.started_mono,
                    output_set.inferred_mono)
 
     def route(self, meta: SlotMeta, dets: Detections, labels: Sequence[str], started_mono: float,

@@ -12,14 +12,12 @@ outputs while the input buffer is refilled at once, and nothing is allocated per
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import numpy as np
 
 from ..preprocess import Geometry
-
-if TYPE_CHECKING:
-    from .worker import Incarnation
+from .modelinfo import ModelInfo
 
 
 @dataclass(slots=True)
@@ -77,11 +75,15 @@ class BatchBuffer:
 
 class OutputSet:
     """One output set of one device: the outputs of one run and the frames they belong to, until
-    post-processing has published them and hands the set back to its worker."""
+    post-processing has published them and hands the set back (`release`) to the opening of the
+    device that made it (`give_back`, see `incarnation.Incarnation`)."""
 
-    def __init__(self, worker: Incarnation, index: int, capacity: int):
-        self.worker = worker  # the opening of the device that owns it (see `worker.Incarnation`)
+    def __init__(self, device: str, index: int, capacity: int, model: ModelInfo,
+                 give_back: Callable[[OutputSet], None]):
+        self.device = device  # the worker's name, e.g. "ascend0/1"
         self.index = index  # output set number, for backend.run
+        self.model = model  # what decodes the outputs, and the labels of their class ids
+        self._give_back = give_back
         self.metas = new_metas(capacity)
         self.outputs: list[np.ndarray] = []
         self.count = 0  # slots of this run
@@ -92,4 +94,4 @@ class OutputSet:
     def release(self) -> None:
         """Post-processing is done with it: the worker may run into it again."""
         self.outputs = []
-        self.worker.release_output_set(self)
+        self._give_back(self)

@@ -121,8 +121,8 @@ def device_metrics(entries: list[dict], workers: list[tuple[str, DeviceWorker]])
     batch = HistogramMetricFamily("yoloedge_batch_size", "Frames per batch.", labels=DEVICE_LABELS)
     for accelerator, worker in workers:
         labels = (accelerator, str(worker.device))
-        add_histogram(inference, labels, worker.infer_buckets)
-        add_histogram(batch, labels, worker.batch_buckets)
+        add_histogram(inference, labels, worker.stats.infer_buckets)
+        add_histogram(batch, labels, worker.stats.batch_buckets)
     yield inference
     yield batch
 

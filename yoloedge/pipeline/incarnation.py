@@ -1,0 +1,310 @@
+"""One life of a device worker: the thread that opens the device, serves batches on it and
+releases it, and everything that thread owns (see `worker` for the supervisor that starts and
+replaces these lives).
+
+The thread opens its backend with several input sets and output sets (allocated once), warms the
+model up, and lends its input sets to the batcher. Then it only waits for a sealed batch, runs it
+from its input set into a free output set, gives the input set back for refilling and hands the
+output set to post-processing. A thread waiting for a free output set is back-pressure:
+post-processing is behind, and memory stays bounded.
+
+Leaving, it takes its buffers out of the batcher (their sealed batches are given up), waits for
+post-processing to hand back its output sets and releases the device on its own thread, as pyACL
+and CUDA contexts require. Device memory that something may still read or write is never freed:
+if post-processing does not hand back an output set (Ascend outputs are views on device memory)
+or a preparer does not finish writing an input slot within a bound, the device stays open,
+knowingly leaked, counted in `leaked_openings` and logged. An abandoned life (its call hung)
+frees its device itself once the call returns, and whatever the call returns is discarded.
+
+Locks: `abandoned`, `running` and the device call are guarded by the worker's lock (the
+supervisor decides on them); `outputs_back` is a leaf.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ..backoff import Backoff
+from ..detector import Detector
+from ..health.progress import DeviceCall
+from ..model import identity
+from .slots import BatchBuffer, OutputSet
+
+if TYPE_CHECKING:
+    from .worker import DeviceWorker
+
+log = logging.getLogger(__name__)
+
+#: how long a leaving device waits (real time) for post-processing to hand back its output sets
+OUTPUT_WAIT_S = 10.0
+
+
+class Incarnation:
+    """One opening of a device and the thread that serves it. Its output sets come back here, so a
+    late output set goes back to the life that made it."""
+
+    def __init__(self, worker: DeviceWorker, generation: int):
+        self.worker = worker
+        self.generation = generation
+        self.name = worker.worker_name
+        #: the batcher's key for its buffers: a late `release` of an abandoned life finds no owner
+        self.owner = f"{self.name}#{generation}"
+        suffix = f"#{generation}" if generation > 1 else ""
+        self.thread = threading.Thread(target=self._live, name=f"worker-{self.name}{suffix}", daemon=True)
+        self.detector: Detector | None = None
+        self.free_outputs: queue.SimpleQueue[OutputSet] = queue.SimpleQueue()
+        self.outputs_back = threading.Condition()  # notified whenever an output set comes back
+        self.output_sets = 0
+        self.open_error: str | None = None  # opening the device failed
+        self.failure: str | None = None  # it served, then gave up (too many failures in a row)
+        self.abandoned = False  # its call hung: nothing it does from now on counts
+        self.call: DeviceCall | None = None  # the device call (open or run) running now
+        self.running: BatchBuffer | None = None  # the batch on the device
+        self.stop = threading.Event()
+        self.buffers_out = threading.Event()  # its input sets left the batcher: no preparer writes them
+        self.keep_open: str | None = None  # why its device memory must not be freed (see `_leak`)
+        #: between failed inferences of a device that has not given up yet (a new life starts afresh)
+        self.error_backoff = Backoff(0.2, 5.0)
+        self.done = threading.Event()  # its thread ends: the device is released (or knowingly leaked)
+
+    @property
+    def loaded(self) -> Detector:
+        if self.detector is None:
+            raise RuntimeError(f"{self.owner}: the device has not started")
+        return self.detector
+
+    @property
+    def in_flight(self) -> bool:
+        return self.running is not None
+
+    def release_output_set(self, output_set: OutputSet) -> None:
+        with self.outputs_back:
+            self.free_outputs.put(output_set)
+            self.outputs_back.notify_all()
+
+    def begin_call(self, what: str, deadline_s: float | None) -> float:
+        """A device call starts (callers hold the worker's lock); returns when, on its clock."""
+        self.call = self.worker.health.begin(what, deadline_s)
+        return self.call.started
+
+    def end_call(self) -> None:
+        """The device call returned (callers hold the worker's lock)."""
+        if self.call is not None:
+            self.worker.health.end(self.call)
+            self.call = None
+
+    # -- the thread ----------------------------------------------------------------------------
+    def _live(self) -> None:
+        """The whole life. Whatever happens on it, the device is left (or knowingly leaked), `done`
+        and `ready` are set and the supervisor is told why."""
+        worker = self.worker
+        try:
+            serving = False
+            try:
+                self._open()
+                serving = worker.serving(self)
+            except Exception as exc:  # noqa: BLE001 - any start-up failure is reported, not raised
+                worker.open_failed(self, f"{type(exc).__name__}: {exc}")
+            while serving and not self.stop.is_set():
+                buffer = worker.batcher.next_batch(self.owner, self.stop)
+                if buffer is not None:
+                    self._process(buffer)
+        except Exception as exc:  # noqa: BLE001 - a bug or a host failure: the device is restarted
+            self._thread_failed(exc)
+        finally:
+            worker.ready.set()  # start-up never waits for a thread that is gone
+            try:
+                self._leave()
+            finally:
+                worker.finished(self)
+
+    def _thread_failed(self, exc: Exception) -> None:
+        reason = f"the device thread failed: {type(exc).__name__}: {exc}"
+        log.error("%s: %s", self.name, reason, exc_info=exc, extra={"device": self.name})
+        with self.worker.lock:
+            self.running = None
+            self.end_call()
+            self.failure = reason
+            self.stop.set()
+            if not self.abandoned:
+                self.worker.health.abandon(reason)  # not busy any more, and unhealthy
+
+    def _open(self) -> None:
+        worker, acc = self.worker, self.worker.accelerator
+        first = self.generation == 1
+        with worker.lock:  # the first opening has no deadline, see the worker's module docstring
+            started = (self.begin_call("first opening of the device", None) if first
+                       else self.begin_call("reopening of the device", worker.open_deadline_s))
+        if not first:  # the same model as the first opening, or none (see `model.identity`)
+            identity.check_unchanged(worker.model_files)
+        backend = worker.spare.take()
+        if not first:
+            worker.spare.reserve()  # this opening may fail and release the runtime
+        sets = acc.input_buffers + 1  # one more being post-processed while the device writes
+        self.detector = Detector(worker.model, backend, max_batch=acc.batch, input_sets=acc.input_buffers,
+                                 output_sets=sets)
+        self.detector.warm_up()
+        self.output_sets = sets
+        model = worker.describe(self.detector)
+        for index in range(sets):
+            self.free_outputs.put(OutputSet(self.name, index, self.detector.max_batch, model,
+                                            self.release_output_set))
+        if first:
+            # After loading, so a missing or bad file is reported by the backend as it always was;
+            # on this thread and off the lock: hashing a large model takes a while.
+            worker.first_opened(identity.record(worker.model), max(0.0, worker.clock() - started))
+        log.info("%s ready: %s, batch %d, %d input and %d output buffers", self.name,
+                 backend.description, self.detector.max_batch, acc.input_buffers, sets,
+                 extra={"device": self.name})
+
+    def _leave(self) -> None:
+        """Give back the buffers, wait for post-processing to return the output sets, release the
+        device (on this thread) unless its memory may still be in use."""
+        if self.abandoned:
+            self.buffers_out.wait()  # the supervisor takes them out (bounded by the batcher's wait)
+        else:
+            if self.failure is not None:
+                self.worker.batcher.set_down(self.name, True)
+            self.remove_buffers("the device failed" if self.failure is not None else "the device stopped")
+            self.buffers_out.set()
+        # Always, a normal stop included: workers stop before post-processing, which may still read
+        # the last outputs, views of device-side memory (pinned host memory on TensorRT and Ascend).
+        self._await_output_sets()
+        if self.failure is not None:
+            self.worker.spare.reserve()
+        if self.keep_open is not None:
+            self._leak()
+        else:
+            self._close_device()
+
+    def remove_buffers(self, reason: str) -> None:
+        """Take this life's input sets out of the batcher, giving up the frames they held. One that
+        a preparer still writes after the batcher's wait keeps the device open (see `_leak`)."""
+        lost = self.worker.batcher.remove_buffers(self.owner)
+        for buffer in lost:
+            self.give_up(buffer, reason)
+        if any(not b.ready for b in lost):
+            self.keep_open = "a preparer is still writing into its input buffers"
+
+    def give_up(self, buffer: BatchBuffer, reason: str | None) -> None:
+        """The buffer's frames will not be published: count them and free their ticket."""
+        frames = sum(1 for m in buffer.metas[:buffer.claimed] if m.valid)
+        self.worker.stats.frames_lost += frames
+        self.worker.post.skip(buffer.ticket)
+        if reason and frames:
+            log.warning("%s: %d frame(s) not processed: %s", self.name, frames, reason, extra={"device": self.name})
+
+    def _await_output_sets(self) -> None:
+        """Post-processing may still read outputs in this device's memory: wait (bounded) for it to
+        hand every output set back; if it does not, the device is not released."""
+        post = self.worker.post
+        deadline = time.monotonic() + OUTPUT_WAIT_S
+        with self.outputs_back:
+            while self.free_outputs.qsize() < self.output_sets and not post.stopped:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.keep_open = "post-processing still holds its output sets"
+                    return
+                # woken by every returned set; the slice only notices a post stage that stopped
+                self.outputs_back.wait(min(remaining, 0.5))
+
+    def _leak(self) -> None:
+        """Keep this life's device memory allocated for good: freeing it while something may still
+        read or write it would be a use-after-free. Costs one opening's memory; counted and logged."""
+        stats = self.worker.stats
+        with self.worker.lock:
+            stats.leaked_openings += 1
+            count = stats.leaked_openings
+        log.error("%s: %s; its device memory is left allocated (%d opening(s) leaked so far)",
+                  self.name, self.keep_open, count, extra={"device": self.name})
+
+    def _close_device(self) -> None:
+        if self.detector is not None:
+            try:
+                self.detector.close()
+            except Exception:  # noqa: BLE001 - teardown continues; the failure is logged
+                log.exception("%s: error while releasing the device", self.name)
+
+    # -- the hot path -------------------------------------------------------------------------
+    def _process(self, buffer: BatchBuffer) -> None:
+        worker = self.worker
+        output_set = self._acquire_output_set()
+        if output_set is None:  # stopping while post-processing holds every output set
+            worker.batcher.release(buffer)
+            self.give_up(buffer, "stopping")
+            return
+        n = buffer.claimed
+        with worker.lock:
+            self.running = buffer
+            started = self.begin_call("inference", worker.accelerator.inference_timeout_s)
+        try:
+            outputs = self.loaded.backend.run(n, buffer.index, output_set.index)
+        except Exception as exc:  # noqa: BLE001 - a failed batch must not kill the worker
+            with worker.lock:
+                self.running = None
+                self.end_call()
+                if self.abandoned:  # its ticket and frames were given up already
+                    self.release_output_set(output_set)
+                    return
+            self.give_up(buffer, None)
+            worker.batcher.release(buffer)
+            self.release_output_set(output_set)
+            self._inference_failed(exc, n)
+            return
+        with worker.lock:
+            finished = worker.clock()
+            self.running = None
+            self.end_call()
+            if self.abandoned:  # too late: the batch was given up when the call was abandoned
+                self.release_output_set(output_set)
+                return
+        # The frames' details move on with the outputs; the input set is refilled at once.
+        output_set.metas, buffer.metas = buffer.metas, output_set.metas
+        output_set.outputs, output_set.count, output_set.ticket = outputs, n, buffer.ticket
+        output_set.started_mono, output_set.inferred_mono = started, finished
+        worker.batcher.release(buffer)
+        try:
+            worker.post.submit(output_set)
+        except Exception:
+            # Post-processing may or may not hold the set now: it is not reused (the device is
+            # left, see `_await_output_sets`), and its ticket is given up so publishing goes on.
+            worker.stats.frames_lost += sum(1 for m in output_set.metas[:n] if m.valid)
+            worker.post.skip(output_set.ticket)
+            raise
+        self._count_success(n, finished - started)
+
+    def _count_success(self, n: int, seconds: float) -> None:
+        stats = self.worker.stats
+        if stats.consecutive_errors:
+            self.worker.health.healthy()
+            stats.consecutive_errors = 0
+            self.error_backoff.reset()
+        stats.inferred(n, seconds)
+
+    def _inference_failed(self, exc: Exception, frames: int) -> None:
+        worker, stats = self.worker, self.worker.stats
+        stats.consecutive_errors += 1
+        given_up = stats.consecutive_errors >= worker.accelerator.max_consecutive_errors
+        if given_up:
+            self.failure = f"{stats.consecutive_errors} inferences failed in a row: {exc}"
+            worker.health.unhealthy(self.failure)
+        stats.errors += 1  # after the health: whoever sees the count sees the health that goes with it
+        log.error("%s: inference failed (%d in a row), %d frame(s) lost: %s", self.name,
+                  stats.consecutive_errors, frames, exc, extra={"device": self.name})
+        if given_up:
+            self.stop.set()  # leave the loop: the device is released and opened again
+            return
+        # A failing device is retried, but not in a tight loop.
+        self.stop.wait(self.error_backoff.next_delay())
+
+    def _acquire_output_set(self) -> OutputSet | None:
+        while True:
+            try:
+                return self.free_outputs.get(timeout=0.2)
+            except queue.Empty:
+                if self.stop.is_set() and (self.worker.post.stopped or self.abandoned or self.failure):
+                    return None
