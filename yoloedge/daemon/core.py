@@ -30,38 +30,38 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable, Mapping
 
-from . import __version__
-from .backends.ort_install import config_clash
-from .control.statustext import format_status
-from .config.errors import ConfigError, ConfigIssue
-from .config.loader import load_config
-from .config.schema import CameraConfig, Config, MqttConfig
-from .control.instance import AlreadyRunning, ControlServerError, InstanceLock
-from .control.protocol import quoted_name
-from .control.server import ControlServer, unexpected_fields
-from .control.watch import WatchHub
-from .events.recent import EventLog, events_reply
-from .heap import release_free_heap
-from .health.logsetup import redact_text
-from .health.notify import SystemdNotifier, watchdog_interval_s
-from .health.progress import Problem, ProgressTracker
-from .health.signals import SIGNAL_ACTIONS, SignalAction, SignalDispatcher, SignalInbox, signal_name
-from .pipeline.cameras import CameraRuntime, is_lossless, queue_size_for
-from .pipeline.groups import AcceleratorGroup
-from .pipeline.results import ResultRouter
-from .pipeline.sinks import SinkContext, build_sinks
-from .events import CountsStore, UnknownCounts
-from .routing import FrameKeeper, TrackingStage
-from .pipeline.snapshots import SnapshotStore, snapshot_reply
-from .pipeline.worker import WorkerState
-from .publish.homeassistant import Discovery
-from .publish.mqtt import MqttPublisher
-from .sources.framepool import FramePool
-from .sources.reader import CameraReader
-from .sources.state import CameraState
-from .timeutil import utc_timestamp
-from .web.endpoint import HttpEndpoint, listen_text
-from .web.metrics import Meters
+from .. import __version__
+from ..backends.ort_install import config_clash
+from ..control.statustext import format_status
+from ..config.errors import ConfigError, ConfigIssue
+from ..config.loader import load_config
+from ..config.schema import CameraConfig, Config, MqttConfig
+from ..control.instance import AlreadyRunning, ControlServerError, InstanceLock
+from ..control.protocol import quoted_name
+from ..control.server import ControlServer, unexpected_fields
+from ..control.watch import WatchHub
+from ..events.recent import EventLog, events_reply
+from ..heap import release_free_heap
+from ..health.logsetup import redact_text
+from ..health.notify import SystemdNotifier, watchdog_interval_s
+from ..health.progress import Problem, ProgressTracker
+from ..health.signals import SIGNAL_ACTIONS, SignalAction, SignalDispatcher, SignalInbox, signal_name
+from ..pipeline.cameras import CameraRuntime, is_lossless, queue_size_for
+from ..pipeline.groups import AcceleratorGroup
+from ..pipeline.results import ResultRouter
+from ..pipeline.sinks import SinkContext, build_sinks
+from ..events import CountsStore, UnknownCounts
+from ..routing import FrameKeeper, TrackingStage
+from ..pipeline.snapshots import SnapshotStore, snapshot_reply
+from ..pipeline.worker import WorkerState
+from ..publish.homeassistant import Discovery
+from ..publish.mqtt import MqttPublisher
+from ..sources.framepool import FramePool
+from ..sources.reader import CameraReader
+from ..sources.state import CameraState
+from ..timeutil import utc_timestamp
+from ..web.endpoint import HttpEndpoint, listen_text
+from ..web.metrics import Meters
 
 log = logging.getLogger(__name__)
 
@@ -826,8 +826,8 @@ class Daemon:
 
 def run_daemon(config_path: str, environ: Mapping[str, str]) -> int:
     """Load the configuration (exit 78 on any error, before touching a device) and run."""
-    from .health.logsetup import setup_logging
-    from .health.stderr_guard import StderrGuard
+    from ..health.logsetup import setup_logging
+    from ..health.stderr_guard import StderrGuard
 
     try:
         config = load_config(config_path, environ)
