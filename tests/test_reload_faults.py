@@ -222,7 +222,7 @@ def test_the_publisher_goes_back_even_when_putting_the_cameras_back_fails(tmp_pa
         calls.append("apply" if strict else "rollback")
         raise RuntimeError(f"camera failure during {calls[-1]}")
 
-    monkeypatch.setattr(daemon, "_apply_cameras", cameras_fail)
+    monkeypatch.setattr(daemon.cameras, "apply", cameras_fail)
     try:
         with pytest.raises(RuntimeError, match="during rollback"):
             daemon.reloader.apply(new)
