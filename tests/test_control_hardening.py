@@ -28,7 +28,7 @@ from yoloedge.control.server import (MAX_CONNECTIONS, MAX_HANDLERS, MAX_MALFORME
                                      ControlServer, Lane)
 from yoloedge.netio.connection import Phase
 from yoloedge.config.loader import load_config
-from yoloedge.daemon import Daemon as YoloDaemon
+from yoloedge.daemon import Daemon as YoloDaemon, DaemonState
 from yoloedge.pipeline.groups import AcceleratorGroup
 from yoloedge.pipeline.worker import DeviceWorker
 
@@ -659,7 +659,9 @@ def in_process_daemon(tmp_path: Path) -> tuple[YoloDaemon, Path]:
         "accelerators": [{"backend": "onnxruntime", "provider": "cpu", "devices": [0], "batch": 1}],
         "cameras": [], "mqtt": {"host": "127.0.0.1", "port": 1883},
         "control": {"socket": str(tmp_path / "control.sock")}})
-    return YoloDaemon(load_config(str(path), {}), str(path), {}), path
+    daemon = YoloDaemon(load_config(str(path), {}), str(path), {})
+    daemon._transition(DaemonState.RUNNING)  # as `run` does once started: reloads come after that
+    return daemon, path
 
 
 def test_a_reload_answers_with_an_attempt_that_read_the_file_after_it_was_asked(tmp_path, monkeypatch):
@@ -667,25 +669,25 @@ def test_a_reload_answers_with_an_attempt_that_read_the_file_after_it_was_asked(
     though that one had read the file before the request (and before the edit it was for)."""
     daemon, path = in_process_daemon(tmp_path)
     file_read, finish = threading.Event(), threading.Event()
-    check = daemon._check_reloadable
+    check = daemon.reloader.check_reloadable
 
     def held_after_reading(new):  # the attempt has read the file; hold it there
         file_read.set()
         finish.wait(10)
         check(new)
 
-    monkeypatch.setattr(daemon, "_check_reloadable", held_after_reading)
+    monkeypatch.setattr(daemon.reloader, "check_reloadable", held_after_reading)
     answers: dict[str, dict] = {}
 
     def ask(name: str) -> threading.Thread:
         thread = threading.Thread(target=lambda: answers.setdefault(name, daemon._handle_control({"cmd": "reload"})))
         thread.start()
-        wait_for(daemon._reload.is_set)
-        daemon._reload.clear()  # as the main loop does before each attempt
+        wait_for(daemon.reloader.requested.is_set)
+        daemon.reloader.requested.clear()  # as the main loop does before each attempt
         return thread
 
     first = ask("first")
-    attempt = threading.Thread(target=daemon._do_reload)
+    attempt = threading.Thread(target=daemon.reloader.reload)
     attempt.start()
     assert file_read.wait(10)
     path.write_text("cameras: [not closed\n")  # the edit the second request is for
@@ -696,7 +698,7 @@ def test_a_reload_answers_with_an_attempt_that_read_the_file_after_it_was_asked(
     assert answers["first"] == {"ok": True, "generation": 2, "reloaded": True, "config_error": None}
     second.join(1.0)
     assert "second" not in answers, f"answered from the attempt before it: {answers.get('second')}"
-    daemon._do_reload()
+    daemon.reloader.reload()
     second.join(10)
     assert answers["second"]["ok"] is False and answers["second"]["reloaded"] is False
     assert str(path) in answers["second"]["config_error"] and answers["second"]["generation"] == 2
@@ -709,13 +711,13 @@ def test_reloads_asked_for_together_share_one_attempt(tmp_path):
               for _ in range(6)]
     for thread in askers:
         thread.start()
-    wait_for(lambda: len(daemon._reload_done._waiters) == 6)  # every asker waits for the attempt
-    daemon._reload.clear()
-    daemon._do_reload()
+    wait_for(lambda: len(daemon.reloader.done._waiters) == 6)  # every asker waits for the attempt
+    daemon.reloader.requested.clear()
+    daemon.reloader.reload()
     for thread in askers:
         thread.join(10)
     assert answers == [{"ok": True, "generation": 2, "reloaded": True, "config_error": None}] * 6
-    assert daemon.generation == 2
+    assert daemon.reloader.generation == 2
 
 
 def test_status_while_the_accelerators_are_being_set_up(tmp_path, monkeypatch):
@@ -822,4 +824,4 @@ def test_the_daemon_refuses_fields_a_command_does_not_take_and_does_nothing(tmp_
     assert reply["ok"] is False and named in reply["error"], reply
     assert f"command {request_['cmd']!r} does not take" in reply["error"], reply
     assert len(reply["error"]) < 300, reply  # a 500-character field name is cut short
-    assert not daemon._reload.is_set() and daemon.generation == 1
+    assert not daemon.reloader.requested.is_set() and daemon.reloader.generation == 1

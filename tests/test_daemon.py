@@ -411,3 +411,41 @@ def test_stop_with_every_card_hung_is_bounded_by_one_shutdown_timeout(tmp_path, 
     assert daemon.proc.wait(60) == 0, daemon.log[-4000:]
     # 3 s for everything, plus the noise of a loaded machine; the old code took over 12 s.
     assert time.monotonic() - started < 9, daemon.log[-4000:]
+
+
+# -- the daemon's own state ----------------------------------------------------------------------
+
+def test_the_daemon_state_changes_only_along_its_table():
+    from yoloedge.daemon.state import DaemonState as S, IllegalTransition, checked
+
+    state = S.STARTING
+    for after in (S.RUNNING, S.RELOADING, S.RUNNING, S.STOPPING, S.STOPPED):  # a life with one reload
+        state = checked(state, after)
+    assert state is S.STOPPED
+    for before, after in ((S.STARTING, S.RELOADING), (S.RELOADING, S.RELOADING), (S.STOPPED, S.RUNNING),
+                          (S.STOPPING, S.RUNNING), (S.RUNNING, S.STARTING), (S.RUNNING, S.STOPPED)):
+        with pytest.raises(IllegalTransition, match=f"{before} -> {after} is not allowed"):
+            checked(before, after)
+    assert checked(S.STARTING, S.STOPPING) is S.STOPPING  # a stop during start-up
+
+
+def test_a_daemon_refuses_an_illegal_state_change_and_keeps_its_state(tmp_path):
+    """A reload belongs to a running daemon (the main loop starts only once it runs); one asked of
+    a daemon still starting is a bug and raises before anything changed. A shutdown from any
+    state ends in `stopped`, once."""
+    from yoloedge import demo
+    from yoloedge.config import AcceleratorConfig, ModelConfig
+    from yoloedge.config.schema import Config, ControlConfig
+    from yoloedge.daemon import Daemon as InProcessDaemon, DaemonState
+    from yoloedge.daemon.state import IllegalTransition
+
+    config = Config(device_id="t", model=ModelConfig(path=str(demo.MODEL)), accelerators=(AcceleratorConfig(),),
+                    control=ControlConfig(socket=str(tmp_path / "c.sock")))
+    daemon = InProcessDaemon(config, str(tmp_path / "unused.yaml"), {})
+    with pytest.raises(IllegalTransition):
+        daemon.reloader.reload()
+    assert daemon.state is DaemonState.STARTING and daemon.reloader.generation == 1
+    daemon._shutdown()
+    assert daemon.state is DaemonState.STOPPED and daemon.status()["daemon"]["state"] == "stopped"
+    daemon._shutdown()  # idempotent: no second stopping
+    assert daemon.state is DaemonState.STOPPED

@@ -155,7 +155,7 @@ def test_a_broker_client_that_cannot_start_is_replaced_by_one_with_the_old_setti
     old = daemon.config
     try:
         with pytest.raises(Exception, match="no PEM certificate"):
-            daemon._apply(new)
+            daemon.reloader.apply(new)
         assert daemon.config is old
         assert daemon.publisher is not None and daemon.publisher is not first
         assert daemon.publisher.topics.status == f"{PREFIX}/{DEVICE}/status"
@@ -197,7 +197,7 @@ def test_a_client_that_fails_half_way_through_starting_releases_its_spool(tmp_pa
 
     monkeypatch.setattr(mqtt.Client, "loop_start", no_thread)
     with pytest.raises(RuntimeError, match="can't start new thread"):
-        daemon._online_publisher(daemon.config.mqtt)
+        daemon.reloader.online_publisher(daemon.config.mqtt)
     monkeypatch.undo()
     spool = Spool(str(spool_dir), limit_bytes=1 << 20)
     assert spool.open() == 0  # not "in use by another process"
@@ -222,10 +222,10 @@ def test_the_publisher_goes_back_even_when_putting_the_cameras_back_fails(tmp_pa
         calls.append("apply" if strict else "rollback")
         raise RuntimeError(f"camera failure during {calls[-1]}")
 
-    monkeypatch.setattr(daemon, "_apply_cameras", cameras_fail)
+    monkeypatch.setattr(daemon.cameras, "apply", cameras_fail)
     try:
         with pytest.raises(RuntimeError, match="during rollback"):
-            daemon._apply(new)
+            daemon.reloader.apply(new)
         assert calls == ["apply", "rollback"]
         assert daemon.publisher is not None
         assert daemon.publisher.topics.status == f"{PREFIX}/{DEVICE}/status"  # the old settings

@@ -22,7 +22,7 @@ import pytest
 from daemon_harness import write_config
 from yoloedge import demo
 from yoloedge.config.loader import load_config
-from yoloedge.daemon import Daemon
+from yoloedge.daemon import Daemon, DaemonState
 from yoloedge.heap import release_free_heap, resident_bytes
 from yoloedge.publish.mqtt import MqttPublisher
 from yoloedge.pipeline.intake import Resized
@@ -50,9 +50,10 @@ def daemon(tmp_path):
     path = write_config(tmp_path / "yoloedge.yaml", config_dict(tmp_path, 0))
     daemon = Daemon(load_config(str(path), {}), str(path), {})
     assert daemon._start_accelerators(daemon.config)
+    daemon._transition(DaemonState.RUNNING)  # as `run` does once started: reloads come after that
     yield daemon
-    for name in list(daemon.cameras):
-        daemon._remove_camera(name)
+    for name in list(daemon.cameras.runtimes):
+        daemon.cameras.remove(name)
     for group in daemon.groups.values():
         group.stop_preparers(5)
         group.stop_workers(5)
@@ -68,10 +69,10 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:
 
 def reload_with(daemon: Daemon, tmp_path: Path, cameras: int) -> None:
     write_config(Path(daemon.config_path), config_dict(tmp_path, cameras))
-    generation = daemon.generation
-    daemon._do_reload()  # what the main loop does on SIGHUP
-    assert daemon.generation == generation + 1, daemon.config_error
-    assert len(daemon.cameras) == cameras
+    generation = daemon.reloader.generation
+    daemon.reloader.reload()  # what the main loop does on SIGHUP
+    assert daemon.reloader.generation == generation + 1, daemon.reloader.config_error
+    assert len(daemon.cameras.runtimes) == cameras
 
 
 def camera_threads_ended() -> bool:
@@ -81,7 +82,7 @@ def camera_threads_ended() -> bool:
 def main_loop_tick(daemon: Daemon) -> None:
     """What the main loop does after a reload that removed cameras, once their threads ended."""
     wait_for(camera_threads_ended, what="the removed cameras' threads' end")
-    daemon._give_back_memory(time.monotonic())
+    daemon.cameras.give_back_memory(time.monotonic())
 
 
 def ring_pictures() -> list[weakref.ref]:
@@ -104,7 +105,7 @@ def test_a_reload_that_removes_cameras_frees_their_pictures_without_the_cyclic_c
             reload_with(daemon, tmp_path, CAMERAS)
             # each camera has cycled through its whole ring (a picture per frame, oldest first)
             wait_for(lambda: all(c.reader.stats()["frames_out"] > 2 * c.queue.maxsize + 4
-                                 for c in daemon.cameras.values()), what="frames from every camera")
+                                 for c in daemon.cameras.runtimes.values()), what="frames from every camera")
             pictures = ring_pictures()
             assert len(pictures) >= CAMERAS
             reload_with(daemon, tmp_path, 0)
@@ -143,7 +144,7 @@ def test_a_reload_that_removes_cameras_returns_the_freed_memory_to_the_system(da
     if resident_bytes() is None or release_free_heap() is None:
         pytest.skip("needs /proc and glibc's malloc_trim")
     reload_with(daemon, tmp_path, CAMERAS)
-    wait_for(lambda: all(c.reader.stats()["frames_out"] > 0 for c in daemon.cameras.values()),
+    wait_for(lambda: all(c.reader.stats()["frames_out"] > 0 for c in daemon.cameras.runtimes.values()),
              what="frames from every camera")
     pin = free_memory_in_a_thread_arena(200)
     before = resident_bytes()

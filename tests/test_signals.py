@@ -161,12 +161,12 @@ from yoloedge.config.loader import load_config
 from yoloedge.daemon import Daemon
 
 daemon = Daemon(load_config(sys.argv[1], {}), sys.argv[1], {})
-daemon._install_signal_handlers()
-with daemon._reload._cond:  # what the main loop holds while it clears the reload flag
+daemon.signals.install()
+with daemon.reloader.requested._cond:  # what the main loop holds while it clears the reload flag
     os.kill(os.getpid(), signal.SIGHUP)  # to the process: taken by the signal thread
     for _ in range(10000):  # bytecodes: where a Python-level handler would run, on this thread
         pass
-print("reload requested:", daemon._reload.wait(10), flush=True)
+print("reload requested:", daemon.reloader.requested.wait(10), flush=True)
 """
 
 

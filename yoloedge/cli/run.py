@@ -2,7 +2,7 @@
 
 Every signal the daemon handles (`health.signals`: SIGHUP, SIGTERM, SIGINT, SIGUSR1, SIGXCPU and
 those it ignores with a log line) is blocked from `cli.main`'s first line until the daemon's
-handlers are in place (`Daemon._install_signal_handlers`; they then stay blocked on the main
+handlers are in place (`daemon.signals.DaemonSignals.install`; they then stay blocked on the main
 thread and arrive on the daemon's signal thread, see `health.signals`). Before, a SIGHUP while
 the modules were still importing killed the process with status 129, which systemd counts as a
 clean exit, and a SIGUSR1 from a logrotate script killed it silently. Blocked, a signal waits: a

@@ -86,8 +86,9 @@ def default_accelerators() -> tuple[AcceleratorConfig, ...]:
 
 
 def default_name(backend: str, index: int) -> str:
-    """`onnxruntime0`, `ascend1`, or the lower-cased class name for a plugin (`fpgabackend2`);
-    the same rule as the daemon's, so status and camera references agree."""
+    """`onnxruntime0`, `ascend1`, or the lower-cased class name for a plugin (`fpgabackend2`).
+    The one rule: the daemon names an accelerator a `Config` built in code left unnamed with it
+    too, so status and camera references agree."""
     return f"{backend.split(':')[-1].lower()}{index}"
 
 

@@ -48,7 +48,7 @@ class HttpEndpoint:
         self._status = status
         self._snapshots = snapshots
         self._events = events
-        self.registry = new_registry(status, meters)
+        self.registry = new_registry(meters)
         self.router = Router()
         self.router.add("/metrics", self._metrics)
         self.router.add("/api/status", self._api_status)

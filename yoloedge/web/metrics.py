@@ -1,9 +1,10 @@
 """`GET /metrics`: the daemon's status, in Prometheus' text format, read at scrape time.
 
 A custom collector rather than prometheus_client's Counter/Gauge objects: the pipeline already
-counts everything (status shows it), so a scrape reads the same status dict that `yoloedge-ctl
-status --json` prints, plus the cumulative histogram buckets the pipeline keeps beside its
-percentile windows (`metrics.BucketCounts`). A frame costs nothing extra for the exporter, and
+counts everything (status shows it), so a scrape reads the same status snapshot whose `as_dict()`
+`yoloedge-ctl status --json` prints (`daemon.status.DaemonStatus`, by attribute), plus the
+cumulative histogram buckets the pipeline keeps beside its percentile windows
+(`metrics.BucketCounts`). A frame costs nothing extra for the exporter, and
 /metrics and status cannot disagree about a count.
 
 One registry per daemon (`new_registry`), not prometheus_client's global one: a process may run
@@ -21,13 +22,16 @@ from prometheus_client.registry import Collector
 from ..metrics import BucketCounts
 
 if TYPE_CHECKING:
+    from ..daemon.status import CameraStatus, DaemonStatus, WorkerStatus
     from ..pipeline.cameras import CameraRuntime
     from ..pipeline.worker import DeviceWorker
 
 
 class Meters(NamedTuple):
-    """What the collector reads besides the status dict: the pipeline's own meter objects."""
+    """What the collector reads, taken once per scrape: the daemon's status snapshot, and the
+    pipeline's own meter objects for what status has no room for (histograms, labels)."""
 
+    status: DaemonStatus
     cameras: list[CameraRuntime]
     workers: list[tuple[str, DeviceWorker]]  # (accelerator name, worker)
 
@@ -35,40 +39,40 @@ class Meters(NamedTuple):
 CAMERA_LABELS = ("camera", "accelerator")
 DEVICE_LABELS = ("accelerator", "device")
 
-#: (metric name, help, status key) of the per-camera counters
-CAMERA_COUNTERS = (
-    ("yoloedge_camera_frames_in_total", "Frames decoded from the camera.", "frames_in"),
-    ("yoloedge_camera_frames_published_total", "Frames whose detections were published.", "published"),
+#: (metric name, help, the status' count) of the per-camera counters
+CAMERA_COUNTERS: tuple[tuple[str, str, Callable[[CameraStatus], int]], ...] = (
+    ("yoloedge_camera_frames_in_total", "Frames decoded from the camera.", lambda cam: cam.frames_in),
+    ("yoloedge_camera_frames_published_total", "Frames whose detections were published.",
+     lambda cam: cam.published),
     ("yoloedge_camera_frames_dropped_total", "Frames dropped because the accelerator was busy "
-                                             "(live cameras keep the latest).", "drops"),
-    ("yoloedge_camera_reconnects_total", "Times the camera was connected again.", "reconnects"),
+                                             "(live cameras keep the latest).", lambda cam: cam.drops),
+    ("yoloedge_camera_reconnects_total", "Times the camera was connected again.", lambda cam: cam.reconnects),
 )
 
 
 class DaemonCollector(Collector):
-    def __init__(self, status: Callable[[], dict], meters: Callable[[], Meters]):
-        self._status = status
+    def __init__(self, meters: Callable[[], Meters]):
         self._meters = meters
 
     def collect(self) -> Iterator[Metric]:
-        status = self._status()
         meters = self._meters()
-        yield from camera_metrics(status.get("cameras", []), meters.cameras)
-        yield from count_metrics(status.get("cameras", []))
-        yield from sink_metrics(status.get("sinks") or {})
-        yield from device_metrics(status.get("accelerators", []), meters.workers)
-        yield from mqtt_metrics(status.get("mqtt") or {})
+        status = meters.status
+        yield from camera_metrics(status.cameras, meters.cameras)
+        yield from count_metrics(status.cameras)
+        yield from sink_metrics(status.sinks or {})
+        yield from device_metrics(status.accelerators, meters.workers)
+        yield from mqtt_metrics(status.mqtt or {})
 
 
-def camera_metrics(cameras: list[dict], runtimes: list[CameraRuntime]) -> Iterator[Metric]:
-    for name, doc, key in CAMERA_COUNTERS:
+def camera_metrics(cameras: list[CameraStatus], runtimes: list[CameraRuntime]) -> Iterator[Metric]:
+    for name, doc, value in CAMERA_COUNTERS:
         family = CounterMetricFamily(name, doc, labels=CAMERA_LABELS)
         for cam in cameras:
-            family.add_metric((cam["name"], cam["accelerator"]), cam.get(key) or 0)
+            family.add_metric((cam.name, cam.accelerator), value(cam))
         yield family
     up = GaugeMetricFamily("yoloedge_camera_up", "1 while the camera is streaming.", labels=CAMERA_LABELS)
     for cam in cameras:
-        up.add_metric((cam["name"], cam["accelerator"]), 1 if cam.get("state") == "streaming" else 0)
+        up.add_metric((cam.name, cam.accelerator), 1 if cam.streaming else 0)
     yield up
     detections = CounterMetricFamily("yoloedge_detections_total", "Detections published, per label.",
                                      labels=("camera", "label"))
@@ -82,7 +86,7 @@ def camera_metrics(cameras: list[dict], runtimes: list[CameraRuntime]) -> Iterat
     yield latency
 
 
-def count_metrics(cameras: list[dict]) -> Iterator[Metric]:
+def count_metrics(cameras: list[CameraStatus]) -> Iterator[Metric]:
     """Each camera's line crossings and the objects inside its zones (status' `lines`, `zones`)."""
     crossings = CounterMetricFamily("yoloedge_line_crossings_total",
                                     "Tracked objects that crossed the line, per direction and label "
@@ -91,13 +95,13 @@ def count_metrics(cameras: list[dict]) -> Iterator[Metric]:
     inside = GaugeMetricFamily("yoloedge_zone_objects", "Tracked objects inside the zone now, per label.",
                                labels=("camera", "zone", "label"))
     for cam in cameras:
-        for line in cam.get("lines") or ():
+        for line in cam.lines:
             for direction in ("in", "out"):
                 for label, count in sorted((line.get(direction) or {}).items()):
-                    crossings.add_metric((cam["name"], line["name"], direction, label), count)
-        for zone in cam.get("zones") or ():
+                    crossings.add_metric((cam.name, line["name"], direction, label), count)
+        for zone in cam.zones:
             for label, count in sorted((zone.get("objects") or {}).items()):
-                inside.add_metric((cam["name"], zone["name"], label), count)
+                inside.add_metric((cam.name, zone["name"], label), count)
     yield crossings
     yield inside
 
@@ -112,10 +116,10 @@ def sink_metrics(sinks: dict) -> Iterator[Metric]:
     yield errors
 
 
-def device_metrics(entries: list[dict], workers: list[tuple[str, DeviceWorker]]) -> Iterator[Metric]:
+def device_metrics(entries: list[WorkerStatus], workers: list[tuple[str, DeviceWorker]]) -> Iterator[Metric]:
     up = GaugeMetricFamily("yoloedge_device_up", "1 while the device serves batches.", labels=DEVICE_LABELS)
     for entry in entries:
-        up.add_metric((entry["accelerator"], str(entry["device"])), 1 if entry.get("state") == "running" else 0)
+        up.add_metric((entry.accelerator, str(entry.device)), 1 if entry.running else 0)
     yield up
     inference = HistogramMetricFamily("yoloedge_inference_seconds", "Device time per batch.", labels=DEVICE_LABELS)
     batch = HistogramMetricFamily("yoloedge_batch_size", "Frames per batch.", labels=DEVICE_LABELS)
@@ -147,8 +151,8 @@ def add_histogram(family: HistogramMetricFamily, labels: Iterable[str], counts: 
     family.add_metric(list(labels), buckets, total)
 
 
-def new_registry(status: Callable[[], dict], meters: Callable[[], Meters]) -> CollectorRegistry:
+def new_registry(meters: Callable[[], Meters]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DaemonCollector(status, meters))
+    registry.register(DaemonCollector(meters))
     ProcessCollector(registry=registry)
     return registry
