@@ -48,8 +48,8 @@ from .health.progress import Problem, ProgressTracker
 from .health.signals import SIGNAL_ACTIONS, SignalAction, SignalDispatcher, SignalInbox, signal_name
 from .pipeline.cameras import CameraRuntime, is_lossless, queue_size_for
 from .pipeline.groups import AcceleratorGroup
-from .pipeline.results import ResultRouter
-from .pipeline.sinks import SinkContext, build_sinks
+from .routing.router import ResultRouter
+from .routing.sinks import SinkContext, build_sinks
 from .events import CountsStore, UnknownCounts
 from .routing import FrameKeeper, TrackingStage
 from .pipeline.snapshots import SnapshotStore, snapshot_reply

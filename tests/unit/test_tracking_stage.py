@@ -11,7 +11,7 @@ import numpy as np
 from yoloedge.config.schema import CameraConfig
 from yoloedge.events import CountsStore, LineConfig
 from yoloedge.pipeline.cameras import CameraRuntime
-from yoloedge.pipeline.results import FrameResult, ResultRouter, Sink
+from yoloedge.routing.router import FrameResult, ResultRouter, Sink
 from yoloedge.pipeline.slots import SlotMeta
 from yoloedge.postprocess import Detections
 from yoloedge.routing import FrameKeeper, TrackingStage

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable
 from ...postprocess import label_of
 from ...publish.mqtt import MqttPublisher
 from ...sources.state import CameraState
-from ..results import FrameResult, Sink
+from ..router import FrameResult, Sink
 
 if TYPE_CHECKING:
     from ...config.schema import CameraConfig

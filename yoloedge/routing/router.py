@@ -46,8 +46,8 @@ from ..redact import redact_text
 from ..postprocess import Detections
 from ..publish.messages import class_mask, detection_message, filter_detections
 from ..sources.state import CameraState
-from .cameras import CameraRuntime
-from .slots import OutputSet, SlotMeta
+from ..pipeline.cameras import CameraRuntime
+from ..pipeline.slots import OutputSet, SlotMeta
 
 if TYPE_CHECKING:
     from ..config.schema import CameraConfig
