@@ -506,6 +506,34 @@ class _Recovery:
                            "(the newest %d are kept)", self.directory, name, CORRUPT_KEPT)
 
 
+class _FsyncTicks:
+    """When records are due for an fsync (the module docstring's "Durability"): at a tick, about
+    once per `interval_s`, the records written before the previous tick; at a forced sync, all.
+    Used under the spool's `_lock`."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float]):
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last = clock()
+        self._watermark = 0  # the spool's next seq at the last tick: older records are due
+
+    def start(self, force: bool) -> float | None:
+        """The time of this tick, or None when it is not time for one yet."""
+        now = self._clock()
+        if not force and now - self._last < self.interval_s:
+            return None
+        return now
+
+    def due_upto(self, end_seq: int, force: bool) -> int:
+        """The seq below which a segment ending at `end_seq` is due for its fsync now."""
+        return end_seq if force else min(self._watermark, end_seq)
+
+    def done(self, now: float, next_seq: int, force: bool) -> None:
+        """A tick went through (a forced sync is not a tick)."""
+        if not force:
+            self._watermark, self._last = next_seq, now
+
+
 class Spool:
     """See the module docstring. `open()` before use, `close()` at the end."""
 
@@ -518,8 +546,7 @@ class Spool:
         #: no record of a segment starts past this: the largest segment any spool writes (not only
         #: this one: a lowered limit_bytes must not make the previous run's segments damaged).
         self._read_bound = max(self.segment_bytes, DEFAULT_SEGMENT_BYTES)
-        self.fsync_interval_s = fsync_interval_s
-        self._clock = clock
+        self._ticks = _FsyncTicks(fsync_interval_s, clock)
         self._write = write  # injectable: tests make the disk fill in the middle of a record
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()  # one sync() at a time; taken before _lock, never under it
@@ -528,8 +555,6 @@ class Spool:
         self._dir = SpoolDirectory(directory)  # its flock, held while open
         self._read_cache: tuple[_Segment, list[tuple[int, Record]], int] | None = None
         self._dir_dirty = False  # a segment was created since the directory's last fsync
-        self._last_tick = clock()
-        self._watermark = 0  # _next_seq at the last tick: older records are due for fsync
         self._next_seq = 0
         self._cursor = 0  # next seq to hand out by read()
         self._bytes = 0
@@ -833,15 +858,15 @@ class Spool:
     def _due_locked(self, force: bool) -> list[tuple[_Segment, int, int]]:
         """The segments to fsync now, each with the seq its fsync makes durable up to and a
         descriptor of its own, so the fsync can run while appends and deletions go on."""
-        now = self._clock()
-        if not force and now - self._last_tick < self.fsync_interval_s:
+        now = self._ticks.start(force)
+        if now is None:
             return []
         due: list[tuple[_Segment, int, int]] = []
         try:
             for segment in self._segments:
                 # fsync only for records still unacknowledged a whole interval after they were
                 # written: during an outage every record; on a healthy link none, so no disk writes.
-                upto = segment.end_seq if force else min(self._watermark, segment.end_seq)
+                upto = self._ticks.due_upto(segment.end_seq, force)
                 seqs = range(max(segment.synced_upto, segment.first_seq), upto)
                 if any(seq not in segment.acked for seq in seqs):
                     try:
@@ -855,8 +880,7 @@ class Spool:
             for _, _, fd in due:
                 os.close(fd)
             raise
-        if not force:
-            self._watermark, self._last_tick = self._next_seq, now
+        self._ticks.done(now, self._next_seq, force)
         return due
 
     def _descriptor(self, segment: _Segment) -> int:
@@ -865,6 +889,10 @@ class Spool:
         return _open_regular(segment.path)  # fsync works read-only
 
     # ------------------------------------------------------------------ counters
+
+    @property
+    def fsync_interval_s(self) -> float:
+        return self._ticks.interval_s
 
     @property
     def has_unsent(self) -> bool:
