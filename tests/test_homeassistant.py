@@ -414,3 +414,10 @@ def test_bad_homeassistant_setting_names_file_line_and_key(tmp_path, text, key, 
     issue = info.value.issues[0]
     assert issue.key_path == key and issue.line in (5, 6) and fragment in str(info.value)
     assert str(info.value).startswith(str(tmp_path / "yoloedge.yaml"))
+
+
+def test_the_streaming_sensor_reads_the_camera_state_the_sinks_publish():
+    """publish knows no camera states: its streaming value must be the enum's, as published."""
+    from yoloedge.publish.homeassistant import STREAMING_STATE
+    from yoloedge.sources.state import CameraState
+    assert STREAMING_STATE == str(CameraState.STREAMING)

@@ -328,3 +328,26 @@ def test_stop_with_broker_down_returns_within_timeout(mosquitto, make_publisher)
     elapsed = time.monotonic() - t0
     assert 0.5 < elapsed < 1.4  # waited for the broker, not (much: scheduling) past the timeout
     assert pub.stats()["queued"] == 11  # 10 detections + "stopped", never delivered
+
+
+def test_the_link_state_moves_only_along_its_transitions():
+    """down -> connected (CONNACK) -> ready (replay handed over) -> down; a typed LinkHealth."""
+    import threading
+
+    from yoloedge.publish.diagnostics import Diagnostics
+    from yoloedge.publish.link_health import LinkMonitor, LinkState
+
+    lock = threading.Condition(threading.Lock())
+    link = LinkMonitor(MqttConfig(), "b:1883", "c", lock, Diagnostics("b:1883", time.monotonic),
+                       time.monotonic, None)
+    assert link.health().state is LinkState.DOWN and not link.health().connected
+    link.connected()
+    with lock:
+        with pytest.raises(RuntimeError):
+            link._move_locked(LinkState.CONNECTED)  # a second CONNACK without a disconnect
+        link.mark_ready_locked()
+    health = link.health()
+    assert health.state is LinkState.READY and health.connected and health.reconnect_delay_s is None
+    with lock:
+        assert link.disconnected_locked()[0]  # it was connected
+    assert link.health().state is LinkState.DOWN

@@ -763,7 +763,7 @@ def test_two_errors_at_once_are_each_warned_once_then_summed(tmp_path, make_publ
     is one warning, then one per ERROR_REPEAT_LOG_S with the count, never a warning per retry."""
     from test_spool import _DiskFills
 
-    from yoloedge.publish.mqtt import ERROR_REPEAT_LOG_S
+    from yoloedge.publish.diagnostics import ERROR_REPEAT_LOG_S
     caplog.set_level(logging.DEBUG, logger="yoloedge")
     clock = _Clock()
     server = FakeServer("close")  # every attempt: closed without a CONNACK

@@ -1,4 +1,4 @@
-"""The result router (pipeline.results): each sink on its own, in frame order, errors counted."""
+"""The result router (routing.router): each sink on its own, in frame order, errors counted."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 
 from yoloedge.config.schema import CameraConfig
 from yoloedge.pipeline.cameras import CameraRuntime
-from yoloedge.pipeline.results import FrameResult, ResultRouter, Sink, Stage
+from yoloedge.routing.router import FrameResult, ResultRouter, Sink, Stage
 from yoloedge.pipeline.slots import SlotMeta
 from yoloedge.postprocess import Detections
 from yoloedge.sources.state import CameraState

@@ -12,7 +12,7 @@ from yoloedge.config.schema import CameraConfig
 from yoloedge.config.schema import LineConfig
 from yoloedge.events import CountsStore
 from yoloedge.pipeline.cameras import CameraRuntime
-from yoloedge.pipeline.results import FrameResult, ResultRouter, Sink
+from yoloedge.routing.router import FrameResult, ResultRouter, Sink
 from yoloedge.pipeline.slots import SlotMeta
 from yoloedge.postprocess import Detections
 from yoloedge.routing import FrameKeeper, TrackingStage

@@ -26,7 +26,7 @@ from ..events.recent import EventLog
 from ..heap import release_free_heap
 from ..pipeline.cameras import CameraRuntime, is_lossless, queue_size_for
 from ..pipeline.groups import AcceleratorGroup
-from ..pipeline.results import ResultRouter
+from ..routing.router import ResultRouter
 from ..pipeline.snapshots import SnapshotStore
 from ..routing import FrameKeeper, TrackingStage
 from ..sources.framepool import FramePool

@@ -2,7 +2,7 @@
 
 The daemon only wires the parts together, starts them, reloads and stops them; the frames' path
 lives in `pipeline/` (readers -> queues -> preparers -> device workers -> post-processing ->
-`pipeline.results` -> its stages and sinks: MQTT, Home Assistant, watch, snapshots, metrics).
+`routing.router` -> its stages and sinks: MQTT, Home Assistant, watch, snapshots, metrics).
 
 Start-up order: control socket (so `yoloedge-ctl status` answers while models load), MQTT
 (connects in the background), accelerators (load + warm up every model), then READY=1 and
@@ -44,8 +44,8 @@ from ..health.notify import SystemdNotifier, watchdog_interval_s
 from ..health.progress import ProgressTracker
 from ..pipeline.cameras import CameraRuntime
 from ..pipeline.groups import AcceleratorGroup
-from ..pipeline.results import ResultRouter
-from ..pipeline.sinks import SinkContext, build_sinks
+from ..routing.router import ResultRouter
+from ..routing.sinks import SinkContext, build_sinks
 from ..events import CountsStore, UnknownCounts
 from ..routing import FrameKeeper, TrackingStage
 from ..pipeline.snapshots import SnapshotStore, snapshot_reply

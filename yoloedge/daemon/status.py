@@ -216,7 +216,7 @@ def status_line(daemon: Daemon) -> str:
     publisher = daemon._current_publisher()
     streaming = sum(1 for c in cameras if c.state is CameraState.STREAMING)
     enabled = sum(1 for c in cameras if c.config.enabled)
-    rate = sum(w.frames_done.rate() for g in daemon.groups.values() for w in g.workers)
+    rate = sum(w.stats.frames_done.rate() for g in daemon.groups.values() for w in g.workers)
     mqtt = "connected" if publisher is not None and publisher.stats().get("connected") else "disconnected"
     problems = daemon.tracker.check()
     health = f", PROBLEM: {problems[0]}" if problems else ""

@@ -89,7 +89,7 @@ class CameraRuntime:
 
     def record_frame(self, captured: float, taken: float, started: float, inferred: float,
                      published: float) -> None:
-        """One frame handed to the sinks (monotonic times of its stages, see `pipeline.results`)."""
+        """One frame handed to the sinks (monotonic times of its stages, see `routing.router`)."""
         self.published_frames += 1
         self.published.mark()
         self.latency_ms.add((published - captured) * 1000)

@@ -38,7 +38,6 @@ from enum import Enum
 from typing import Iterable, Sequence
 
 from ..config.schema import HomeAssistantConfig
-from ..sources.state import CameraState
 from .topics import Topics
 
 #: QoS of the discovery configs: retained and few, they must arrive once a connection stands.
@@ -46,6 +45,9 @@ DISCOVERY_QOS = 1
 #: the objects-in-view counts of one camera go out at most this often (seconds).
 OBJECTS_MIN_INTERVAL_S = 1.0
 MANUFACTURER = "yoloedge"
+#: the `state` a streaming camera's retained state message carries (the value of the camera-state
+#: enum on the sink side; publish knows no camera states: a test checks the two agree).
+STREAMING_STATE = "streaming"
 #: what the entities' availability template renders for anything but "online".
 _AVAILABLE, _NOT_AVAILABLE = "online", "offline"
 _UNSAFE = re.compile(r"[^A-Za-z0-9-]+")
@@ -254,7 +256,7 @@ class Renderer:
         other entities when `with_camera` (its zones' and lines' sensors: `counters`, default the
         registry's)."""
         cam = _jinja_string(camera)
-        streaming = str(CameraState.STREAMING)
+        streaming = STREAMING_STATE
         out: list[tuple[Component, str, dict]] = [
             (Component.BINARY_SENSOR, self.unique_id(camera, "streaming"), {
                 "name": f"{camera} streaming", "device_class": "running",

@@ -56,6 +56,10 @@ client may still arrive), never retried forever, so delivery goes on with the ne
 The directory (and its lock) is created again when it is gone, at the next new segment or `sync()`;
 appends never go on into a deleted segment file (its records could not be read back).
 
+Classes: `Spool` is the running log (append, read back, acknowledge, fsync); `_Recovery` is what
+`open` reads of a previous run, once; `SpoolDirectory` is the directory and its lock. The last two
+are called only under the spool's lock (or in `open`, before anyone else can use it).
+
 Thread-safe: one internal lock, a leaf (no callback, log call or other lock is taken while it is
 held: what recovery has to say is logged once `open` has released it), held only for memory and
 page-cache work, never for an fsync (except in `open`, before anyone else can use the spool, for a
@@ -286,90 +290,37 @@ def _record_at(offset: int, stop: int, expect: int | None,
     return record, end - offset, None
 
 
-class Spool:
-    """See the module docstring. `open()` before use, `close()` at the end."""
+class SpoolDirectory:
+    """The spool's own directory and the lock that keeps it one process's: whether it may be used
+    (`yoloedge.spooldir`), its flock, and making its names durable. Not thread-safe: the spool
+    calls it under its `_lock` (or in `open`, before anyone else can use the spool)."""
 
-    def __init__(self, directory: str, limit_bytes: int, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-                 fsync_interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
-                 write: Callable[[int, bytes | memoryview], int] = os.write):
-        self.directory = directory
-        self.limit_bytes = limit_bytes
-        self.segment_bytes = max(1, min(segment_bytes, limit_bytes // 4))
-        #: no record of a segment starts past this: the largest segment any spool writes (not only
-        #: this one: a lowered limit_bytes must not make the previous run's segments damaged).
-        self._read_bound = max(self.segment_bytes, DEFAULT_SEGMENT_BYTES)
-        self.fsync_interval_s = fsync_interval_s
-        self._clock = clock
-        self._write = write  # injectable: tests make the disk fill in the middle of a record
-        self._lock = threading.Lock()
-        self._sync_lock = threading.Lock()  # one sync() at a time; taken before _lock, never under it
-        self._segments: list[_Segment] = []  # oldest first; the last one may be open for appends
-        self._file: int | None = None  # fd of the open (last) segment
-        self._lock_fd: int | None = None  # holds the directory's flock while open
-        self._read_cache: tuple[_Segment, list[tuple[int, Record]], int] | None = None
-        self._dir_dirty = False  # a segment was created since the directory's last fsync
-        self._last_tick = clock()
-        self._watermark = 0  # _next_seq at the last tick: older records are due for fsync
-        self._next_seq = 0
-        self._cursor = 0  # next seq to hand out by read()
-        self._bytes = 0
-        self._unacked = 0  # records not acknowledged, kept current under _lock, read without it
-        self.recovered = 0
-        #: bytes of damaged segments not recovered at open (kept in the files moved aside).
-        self.discarded_bytes = 0
-        self.set_aside: list[str] = []  # names of the damaged segments moved aside at open
-        self.skipped: list[str] = []  # the spool's names that are not regular files, left alone
-        self._aside: list[tuple[int, str]] = []  # (K, name) of the moved-aside segments, oldest first
-        self._notes: list[tuple[int, str, tuple[object, ...]]] = []  # what open() logs after _lock
-        self.dropped = 0
-        self.unreadable = 0  # records lost because their file changed under the spool
-        self._closing = False  # close() began: the directory is not taken again
+    def __init__(self, path: str):
+        self.path = path
+        self.lock_fd: int | None = None  # holds the directory's flock while open
 
-    # ------------------------------------------------------------------ lifecycle
+    def intact(self) -> bool:
+        """Still ours: the lock file is linked and the directory is one (not a symlink to one)."""
+        fd = self.lock_fd
+        return fd is not None and os.fstat(fd).st_nlink > 0 and _is_directory(self.path)
 
-    def open(self) -> int:
-        """Create the directory (0700) or recover what a previous run left; returns the number of
-        records recovered, all of which count as not yet sent. SpoolRefused, with nothing touched,
-        for a directory that is not the spool's own (see the module docstring)."""
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        self._check_directory()
-        self._take_directory()
-        self._closing = False
-        try:
-            with self._lock:
-                self._recover_all()
-                self.recovered = self._unacked = sum(s.count for s in self._segments)
-                self._cursor = self._segments[0].first_seq if self._segments else self._next_seq
-                return self.recovered
-        except BaseException:
-            # A lock left behind would make every later open in this process (a reload, its
-            # fallback) fail as "in use by another process".
-            self._segments, self._bytes, self._next_seq, self._unacked = [], 0, 0, 0
-            self._release_directory()
-            raise
-        finally:
-            self._log_notes()  # outside _lock, which stays a leaf (logging takes handler locks)
+    def create_and_take(self) -> None:
+        """Create the directory (0700) when it is missing, check it and lock it."""
+        os.makedirs(self.path, mode=0o700, exist_ok=True)
+        self.check()
+        self.take()
 
-    def _note(self, level: int, message: str, *args: object) -> None:
-        """Log this once open() has released _lock. Caller holds _lock."""
-        self._notes.append((level, message, args))
-
-    def _log_notes(self) -> None:
-        notes, self._notes = self._notes, []
-        for level, message, args in notes:
-            logger.log(level, message, *args)
-
-    def _check_directory(self) -> None:
+    def check(self) -> None:
         """SpoolRefused for a directory that is not the spool's own. The spool's names as something
         else than regular files pass here: recovery skips them."""
-        problem = directory_problem(self.directory, refuse_not_regular=False)
+        problem = directory_problem(self.path, refuse_not_regular=False)
         if problem is not None:
             raise SpoolRefused(str(problem))
 
-    def _take_directory(self) -> None:
+    def take(self) -> None:
         """Lock the directory through `lock`: a regular file, never a link followed or a device
         opened (lstat first; O_NOFOLLOW and fstat against a swap in between)."""
-        path = os.path.join(self.directory, LOCK_NAME)
+        path = os.path.join(self.path, LOCK_NAME)
         try:
             mode: int | None = os.lstat(path).st_mode
         except FileNotFoundError:
@@ -390,38 +341,58 @@ class Spool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise OSError(errno.EBUSY, "in use by another process", self.directory) from None
+            raise OSError(errno.EBUSY, "in use by another process", self.path) from None
         except BaseException:
             os.close(fd)
             raise
-        self._lock_fd = fd
+        self.lock_fd = fd
 
-    def _ensure_directory_locked(self) -> None:
-        """Create the directory and take its lock again when someone deleted it (or its lock
-        file) while we run: otherwise every new segment would fail, or another process could
-        take the new directory. What takes its place must pass the same test as at open.
-        Caller holds _lock."""
-        fd = self._lock_fd
-        if fd is not None and os.fstat(fd).st_nlink > 0 and _is_directory(self.directory):
-            return
-        self._release_directory()
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        self._check_directory()
-        self._take_directory()
-        self._dir_dirty = True
-
-    def _release_directory(self) -> None:
-        if self._lock_fd is not None:
-            fd, self._lock_fd = self._lock_fd, None
+    def release(self) -> None:
+        if self.lock_fd is not None:
+            fd, self.lock_fd = self.lock_fd, None
             os.close(fd)  # releases the directory for the next run
 
-    def _recover_all(self) -> None:
-        """Read every segment, oldest first; damaged ones are moved aside (module docstring).
-        Caller holds _lock."""
-        self.set_aside, self.skipped = [], []
+    def sync(self) -> None:
+        """Make a created or deleted file name durable (the file's own fsync does not)."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        except OSError as exc:  # some filesystems refuse fsync on a directory
+            if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+                raise
+        finally:
+            os.close(fd)
+
+
+class _Recovery:
+    """What `open` finds in the directory a previous run left (the module docstring's
+    "Recovery"): the segments to go on with, the damaged ones moved aside and what is skipped.
+    Runs once per open, under the spool's `_lock`; what it has to say is logged after (`notes`)."""
+
+    def __init__(self, directory: str, read_bound: int, segments: list[_Segment], size: int,
+                 next_seq: int, write_all: Callable[[int, bytes], None],
+                 sync_directory: Callable[[], None]):
+        self.directory = directory
+        self._read_bound = read_bound
+        self.segments = segments
+        self.bytes = size
+        self.next_seq = next_seq
+        self._write_all = write_all
+        self._sync_directory = sync_directory
+        self.discarded_bytes = 0
+        self.set_aside: list[str] = []  # names of the damaged segments moved aside
+        self.skipped: list[str] = []  # the spool's names that are not regular files, left alone
+        self.aside: list[tuple[int, str]] = []  # (K, name) of the moved-aside segments, oldest first
+        self.notes: list[tuple[int, str, tuple[object, ...]]] = []  # logged once _lock is released
+
+    def note(self, level: int, message: str, *args: object) -> None:
+        self.notes.append((level, message, args))
+
+    def run(self) -> None:
+        """Read every segment, oldest first; damaged ones are moved aside (module docstring)."""
         self._finish_interrupted(os.listdir(self.directory))
         names = os.listdir(self.directory)
-        self._aside = sorted((corrupt_number(n), n) for n in names if classify(n) is Kind.CORRUPT)
+        self.aside = sorted((corrupt_number(n), n) for n in names if classify(n) is Kind.CORRUPT)
         for name in sorted(n for n in names if classify(n) is Kind.SEGMENT):
             self._recover(name)
 
@@ -441,7 +412,7 @@ class Spool:
                 os.unlink(tmp)
             else:
                 os.rename(tmp, original)
-                self._note(logging.INFO, "MQTT: spool %s: %s: the valid records of a damaged segment, copied "
+                self.note(logging.INFO, "MQTT: spool %s: %s: the valid records of a damaged segment, copied "
                            "out before a crash, take its place", self.directory, os.path.basename(original))
 
     def _recover(self, name: str) -> None:
@@ -452,9 +423,9 @@ class Spool:
         except NotRegularFile as exc:
             self._skip(exc, seq)
             return
-        if seq < self._next_seq:
+        if seq < self.next_seq:
             scan = SegmentScan([], 0, scan.size, f"its seqs overlap those of the segment before it "
-                                                 f"(up to {self._next_seq - 1})")
+                                                 f"(up to {self.next_seq - 1})")
         if scan.damage is not None:
             self._set_aside(name, scan)
         elif scan.records:
@@ -465,16 +436,16 @@ class Spool:
     def _skip(self, exc: NotRegularFile, seq: int) -> None:
         """Leave what is not a regular file as it is, and never create a segment of that name."""
         self.skipped.append(str(exc))
-        self._next_seq = max(self._next_seq, seq + 1)
-        self._note(logging.WARNING, "MQTT: spool %s: skipped: %s; the spool reads and writes only regular "
+        self.next_seq = max(self.next_seq, seq + 1)
+        self.note(logging.WARNING, "MQTT: spool %s: skipped: %s; the spool reads and writes only regular "
                    "files of its own, and leaves this one as it is", self.directory, exc)
 
     def _add_recovered(self, path: str, scan: SegmentScan) -> None:
         records = scan.records
-        self._segments.append(_Segment(records[0][0], path, scan.valid_end, len(records),
+        self.segments.append(_Segment(records[0][0], path, scan.valid_end, len(records),
                                        synced_upto=records[-1][0] + 1))
-        self._bytes += scan.valid_end
-        self._next_seq = records[-1][0] + 1
+        self.bytes += scan.valid_end
+        self.next_seq = records[-1][0] + 1
 
     def _set_aside(self, name: str, scan: SegmentScan) -> None:
         """Move a damaged segment aside as `<name>.corrupt-K`, its valid records copied into a
@@ -483,17 +454,17 @@ class Spool:
         tmp = path + TMP_SUFFIX
         if scan.records:
             self._copy_prefix(path, tmp, scan.valid_end)
-        number = self._aside[-1][0] + 1 if self._aside else 1
+        number = self.aside[-1][0] + 1 if self.aside else 1
         aside = f"{name}{CORRUPT_INFIX}{number}"
         os.rename(path, os.path.join(self.directory, aside))
-        self._aside.append((number, aside))
+        self.aside.append((number, aside))
         if scan.records:
             os.rename(tmp, path)
             self._add_recovered(path, scan)
         self._sync_directory()
         self.set_aside.append(aside)
         self.discarded_bytes += scan.size - scan.valid_end
-        self._note(logging.WARNING, "MQTT: spool %s: %s is damaged (%s): moved aside as %s, not deleted; "
+        self.note(logging.WARNING, "MQTT: spool %s: %s is damaged (%s): moved aside as %s, not deleted; "
                    "%d record(s) before the damage are kept and sent, %d byte(s) from there on are not",
                    self.directory, name, scan.damage, aside, len(scan.records), scan.size - scan.valid_end)
         self._prune_aside()
@@ -522,8 +493,8 @@ class Spool:
 
     def _prune_aside(self) -> None:
         """Keep the newest CORRUPT_KEPT moved-aside segments: a crash loop must not fill the disk."""
-        while len(self._aside) > CORRUPT_KEPT:
-            _, name = self._aside.pop(0)
+        while len(self.aside) > CORRUPT_KEPT:
+            _, name = self.aside.pop(0)
             path = os.path.join(self.directory, name)
             try:
                 mode = os.lstat(path).st_mode
@@ -531,8 +502,113 @@ class Spool:
                 continue
             if stat.S_ISREG(mode):
                 os.unlink(path)
-                self._note(logging.WARNING, "MQTT: spool %s: deleted %s, the oldest damaged segment moved aside "
+                self.note(logging.WARNING, "MQTT: spool %s: deleted %s, the oldest damaged segment moved aside "
                            "(the newest %d are kept)", self.directory, name, CORRUPT_KEPT)
+
+
+class _FsyncTicks:
+    """When records are due for an fsync (the module docstring's "Durability"): at a tick, about
+    once per `interval_s`, the records written before the previous tick; at a forced sync, all.
+    Used under the spool's `_lock`."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float]):
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last = clock()
+        self._watermark = 0  # the spool's next seq at the last tick: older records are due
+
+    def start(self, force: bool) -> float | None:
+        """The time of this tick, or None when it is not time for one yet."""
+        now = self._clock()
+        if not force and now - self._last < self.interval_s:
+            return None
+        return now
+
+    def due_upto(self, end_seq: int, force: bool) -> int:
+        """The seq below which a segment ending at `end_seq` is due for its fsync now."""
+        return end_seq if force else min(self._watermark, end_seq)
+
+    def done(self, now: float, next_seq: int, force: bool) -> None:
+        """A tick went through (a forced sync is not a tick)."""
+        if not force:
+            self._watermark, self._last = next_seq, now
+
+
+class Spool:
+    """See the module docstring. `open()` before use, `close()` at the end."""
+
+    def __init__(self, directory: str, limit_bytes: int, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                 fsync_interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 write: Callable[[int, bytes | memoryview], int] = os.write):
+        self.directory = directory
+        self.limit_bytes = limit_bytes
+        self.segment_bytes = max(1, min(segment_bytes, limit_bytes // 4))
+        #: no record of a segment starts past this: the largest segment any spool writes (not only
+        #: this one: a lowered limit_bytes must not make the previous run's segments damaged).
+        self._read_bound = max(self.segment_bytes, DEFAULT_SEGMENT_BYTES)
+        self._ticks = _FsyncTicks(fsync_interval_s, clock)
+        self._write = write  # injectable: tests make the disk fill in the middle of a record
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # one sync() at a time; taken before _lock, never under it
+        self._segments: list[_Segment] = []  # oldest first; the last one may be open for appends
+        self._file: int | None = None  # fd of the open (last) segment
+        self._dir = SpoolDirectory(directory)  # its flock, held while open
+        self._read_cache: tuple[_Segment, list[tuple[int, Record]], int] | None = None
+        self._dir_dirty = False  # a segment was created since the directory's last fsync
+        self._next_seq = 0
+        self._cursor = 0  # next seq to hand out by read()
+        self._bytes = 0
+        self._unacked = 0  # records not acknowledged, kept current under _lock, read without it
+        self.recovered = 0
+        #: bytes of damaged segments not recovered at open (kept in the files moved aside).
+        self.discarded_bytes = 0
+        self.set_aside: list[str] = []  # names of the damaged segments moved aside at open
+        self.skipped: list[str] = []  # the spool's names that are not regular files, left alone
+        self.dropped = 0
+        self.unreadable = 0  # records lost because their file changed under the spool
+        self._closing = False  # close() began: the directory is not taken again
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> int:
+        """Create the directory (0700) or recover what a previous run left; returns the number of
+        records recovered, all of which count as not yet sent. SpoolRefused, with nothing touched,
+        for a directory that is not the spool's own (see the module docstring)."""
+        self._dir.create_and_take()
+        self._closing = False
+        found = _Recovery(self.directory, self._read_bound, self._segments, self._bytes,
+                          self._next_seq, self._write_all, self._dir.sync)
+        try:
+            with self._lock:
+                try:
+                    found.run()
+                finally:
+                    self._segments, self._bytes, self._next_seq = found.segments, found.bytes, found.next_seq
+                    self.set_aside, self.skipped = found.set_aside, found.skipped
+                    self.discarded_bytes += found.discarded_bytes
+                self.recovered = self._unacked = sum(s.count for s in self._segments)
+                self._cursor = self._segments[0].first_seq if self._segments else self._next_seq
+                return self.recovered
+        except BaseException:
+            # A lock left behind would make every later open in this process (a reload, its
+            # fallback) fail as "in use by another process".
+            self._segments, self._bytes, self._next_seq, self._unacked = [], 0, 0, 0
+            self._dir.release()
+            raise
+        finally:
+            for level, message, args in found.notes:  # outside _lock, which stays a leaf
+                logger.log(level, message, *args)  # (logging takes handler locks)
+
+    def _ensure_directory_locked(self) -> None:
+        """Create the directory and take its lock again when someone deleted it (or its lock
+        file) while we run: otherwise every new segment would fail, or another process could
+        take the new directory. What takes its place must pass the same test as at open.
+        Caller holds _lock."""
+        if self._dir.intact():
+            return
+        self._dir.release()
+        self._dir.create_and_take()
+        self._dir_dirty = True
 
     def close(self) -> None:
         """fsync and close; unacknowledged records stay on disk for the next run. The files and
@@ -546,7 +622,7 @@ class Spool:
                 try:
                     self._close_file()
                 finally:
-                    self._release_directory()
+                    self._dir.release()
 
     # ------------------------------------------------------------------ writing
 
@@ -643,17 +719,6 @@ class Spool:
             self._cursor = max(self._cursor, self._segments[0].first_seq)
         else:
             self._cursor = self._next_seq
-
-    def _sync_directory(self) -> None:
-        """Make a created or deleted file name durable (the file's own fsync does not)."""
-        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        except OSError as exc:  # some filesystems refuse fsync on a directory
-            if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-                raise
-        finally:
-            os.close(fd)
 
     # ------------------------------------------------------------------ reading and acks
 
@@ -773,7 +838,7 @@ class Spool:
                     os.fsync(fd)
                     segment.synced_upto = end_seq  # only sync() uses it, under _sync_lock
                 if sync_dir:
-                    self._sync_directory()
+                    self._dir.sync()
                     sync_dir = False
             finally:
                 for _, _, fd in due:
@@ -793,15 +858,15 @@ class Spool:
     def _due_locked(self, force: bool) -> list[tuple[_Segment, int, int]]:
         """The segments to fsync now, each with the seq its fsync makes durable up to and a
         descriptor of its own, so the fsync can run while appends and deletions go on."""
-        now = self._clock()
-        if not force and now - self._last_tick < self.fsync_interval_s:
+        now = self._ticks.start(force)
+        if now is None:
             return []
         due: list[tuple[_Segment, int, int]] = []
         try:
             for segment in self._segments:
                 # fsync only for records still unacknowledged a whole interval after they were
                 # written: during an outage every record; on a healthy link none, so no disk writes.
-                upto = segment.end_seq if force else min(self._watermark, segment.end_seq)
+                upto = self._ticks.due_upto(segment.end_seq, force)
                 seqs = range(max(segment.synced_upto, segment.first_seq), upto)
                 if any(seq not in segment.acked for seq in seqs):
                     try:
@@ -815,8 +880,7 @@ class Spool:
             for _, _, fd in due:
                 os.close(fd)
             raise
-        if not force:
-            self._watermark, self._last_tick = self._next_seq, now
+        self._ticks.done(now, self._next_seq, force)
         return due
 
     def _descriptor(self, segment: _Segment) -> int:
@@ -825,6 +889,10 @@ class Spool:
         return _open_regular(segment.path)  # fsync works read-only
 
     # ------------------------------------------------------------------ counters
+
+    @property
+    def fsync_interval_s(self) -> float:
+        return self._ticks.interval_s
 
     @property
     def has_unsent(self) -> bool:

@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 from ..config.schema import CameraConfig, TrackingConfig
 from ..events import CameraEvents, CountKind, CountsMessage, CountsStore, EventBatch
-from ..pipeline.results import FrameResult, Stage
+from .router import FrameResult, Stage
 from ..sources.state import CameraState
 from ..tracking import Tracker, TrackIds
 from .keeper import FrameKeeper

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..results import FrameResult, Sink
+from ..router import FrameResult, Sink
 
 if TYPE_CHECKING:
     from . import SinkContext

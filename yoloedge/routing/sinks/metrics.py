@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..results import FrameResult, Sink
+from ..router import FrameResult, Sink
 
 if TYPE_CHECKING:
     from . import SinkContext

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...publish.mqtt import MqttPublisher
-from ..results import FrameResult, Sink, publishes_events
+from ..router import FrameResult, Sink, publishes_events
 
 if TYPE_CHECKING:
     from ...config.schema import CameraConfig

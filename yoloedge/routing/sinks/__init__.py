@@ -1,4 +1,4 @@
-"""The result sinks: one module each, registered once in `REGISTRY` (see `pipeline.results`).
+"""The result sinks: one module each, registered once in `REGISTRY` (see `routing.router`).
 
 A sink is built from the `SinkContext` (what the daemon lends the sinks); `build_sinks` makes the
 daemon's list in registry order, which is the order they are called in per frame.
@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...control.watch import WatchHub
+from ...pipeline.snapshots import SnapshotStore
 from ...publish.mqtt import MqttPublisher
-from ..results import Sink
-from ..snapshots import SnapshotStore
+from ..router import Sink
 from .detections import DetectionsSink
 from .eventlog import EventLogSink
 from .events import EventsSink

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from ...publish.mqtt import MqttPublisher
-from ..results import FrameResult, Sink, publishes_detections
+from ..router import FrameResult, Sink, publishes_detections
 
 if TYPE_CHECKING:
     from . import SinkContext

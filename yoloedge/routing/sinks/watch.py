@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...control.watch import WatchHub
-from ..results import FrameResult, Sink, publishes_detections
+from ..router import FrameResult, Sink, publishes_detections
 
 if TYPE_CHECKING:
     from . import SinkContext

@@ -1,7 +1,7 @@
 """The result path: one frame's detections -> the camera's filters -> stages -> every sink.
 
 Post-processing calls the router (`ResultRouter.__call__`) in each camera's frame order (see
-`post`). Per frame it
+`pipeline.post`). Per frame it
 
 1. applies the camera's filters (`classes`, `min_score`) on top of the model's thresholds;
 2. builds one frozen `FrameResult` (what every sink sees of the frame);
@@ -46,8 +46,8 @@ from ..redact import redact_text
 from ..postprocess import Detections
 from ..publish.messages import class_mask, detection_message, filter_detections
 from ..sources.state import CameraState
-from .cameras import CameraRuntime
-from .slots import OutputSet, SlotMeta
+from ..pipeline.cameras import CameraRuntime
+from ..pipeline.slots import OutputSet, SlotMeta
 
 if TYPE_CHECKING:
     from ..config.schema import CameraConfig

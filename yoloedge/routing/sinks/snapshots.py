@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..results import FrameResult, Sink
-from ..snapshots import SnapshotStore
+from ...pipeline.snapshots import SnapshotStore
+from ..router import FrameResult, Sink
 
 if TYPE_CHECKING:
     from . import SinkContext

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Callable
 from ...publish.messages import camera_state_message
 from ...publish.mqtt import MqttPublisher
 from ...sources.state import CameraState
-from ..results import Sink
+from ..router import Sink
 
 if TYPE_CHECKING:
     from . import SinkContext
