@@ -241,7 +241,7 @@ def run_tensorrt_plan(label: str, engine: Path, source: Path, shared: Path, cuda
     from yoloedge.backends.tensorrt import TensorRTBackend
     from yoloedge.config import ModelConfig, OnnxRuntimeConfig
     from yoloedge.config.tensorrt import TensorRTConfig
-    from yoloedge.detector import Detector
+    from yoloedge.pipeline.detector import Detector
 
     frames = images_for_detection(shared)
     try:

@@ -44,7 +44,7 @@ from yoloedge.config import ModelConfig  # noqa: E402
 from yoloedge.config.ascend import AscendConfig  # noqa: E402
 from yoloedge.config.errors import ConfigError  # noqa: E402
 from yoloedge.config.loader import load_config  # noqa: E402
-from yoloedge.detector import Detector  # noqa: E402
+from yoloedge.pipeline.detector import Detector  # noqa: E402
 from yoloedge.errors import BackendUnavailableError, ModelError  # noqa: E402
 
 SIZE = 64

@@ -119,7 +119,7 @@ def test_detections_agree_with_onnxruntime(npu, om_path):
         from yoloedge.backends.onnxruntime import OnnxRuntimeBackend
         from yoloedge.config import ModelConfig
         from yoloedge.config.ascend import AscendConfig
-        from yoloedge.detector import Detector
+        from yoloedge.pipeline.detector import Detector
 
         npu = Detector(ModelConfig(path={om_path!r}, input={"aipp" if aipp else "host"!r}),
                        AscendBackend({om_path!r}, AscendConfig(device_id={npu})))

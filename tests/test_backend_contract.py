@@ -35,7 +35,7 @@ from yoloedge.config import BACKENDS, ModelConfig, OnnxRuntimeConfig  # noqa: E4
 from yoloedge.config.accelerators import ALL_KEYS  # noqa: E402
 from yoloedge.config.catalogue import CATALOGUE  # noqa: E402
 from yoloedge.config.loader import load_config  # noqa: E402
-from yoloedge.detector import Detector  # noqa: E402
+from yoloedge.pipeline.detector import Detector  # noqa: E402
 from yoloedge.errors import BackendUnavailableError  # noqa: E402
 
 

@@ -23,7 +23,7 @@ from onnx_models import (  # noqa: E402
 )
 from parity import mismatches, output_quantisation, tolerance_for  # noqa: E402
 from yoloedge.config import ModelConfig  # noqa: E402
-from yoloedge.detector import open_detector  # noqa: E402
+from yoloedge.pipeline.detector import open_detector  # noqa: E402
 
 SIZE = 64
 LABELS = ["red", "blue"]

@@ -342,7 +342,7 @@ def test_a_dry_run_on_the_simulated_device_publishes_the_models_real_detections(
     mapped back to the camera's frame size, in frame order, from a device that reports busy time."""
     from yoloedge import demo
     from yoloedge.config import ModelConfig
-    from yoloedge.detector import open_detector
+    from yoloedge.pipeline.detector import open_detector
 
     cap = cv2.VideoCapture(str(demo.clip_path()))
     ok, shot = cap.read()

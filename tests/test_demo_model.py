@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import demo_data  # noqa: E402
 from yoloedge.config import ModelConfig  # noqa: E402
 from yoloedge.demo import LABELS, MODEL, TRUTH, clip_path  # noqa: E402
-from yoloedge.detector import open_detector  # noqa: E402
+from yoloedge.pipeline.detector import open_detector  # noqa: E402
 
 MAX_MODEL_BYTES = 6 * 1024 * 1024
 MIN_CLIP_MAP50 = 0.90

@@ -58,7 +58,7 @@ def gst_modules():
 def detector(models):
     from yoloedge.backends.onnxruntime import OnnxRuntimeBackend
     from yoloedge.config import ModelConfig
-    from yoloedge.detector import Detector
+    from yoloedge.pipeline.detector import Detector
     path = str(models / MODEL)
     detector = Detector(ModelConfig(path=path), OnnxRuntimeBackend(path))
     yield detector

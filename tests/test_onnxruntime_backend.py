@@ -18,7 +18,7 @@ from onnx_models import expected_scores, make_dynamic_batch_v8_model, make_fixed
 from yoloedge.backends import create_backend  # noqa: E402
 from yoloedge.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
 from yoloedge.config import ModelConfig, OnnxRuntimeConfig  # noqa: E402
-from yoloedge.detector import open_detector  # noqa: E402
+from yoloedge.pipeline.detector import open_detector  # noqa: E402
 from yoloedge.errors import BackendError, ModelError  # noqa: E402
 
 SIZE = 64

@@ -19,7 +19,7 @@ import pytest
 from parity import STRICT, Tolerance, mismatches, output_quantisation, tolerance_for
 from yoloedge.config import ModelConfig
 from yoloedge.config.model import OnnxRuntimeConfig
-from yoloedge.detector import open_detector
+from yoloedge.pipeline.detector import open_detector
 from yoloedge.preprocess.letterbox import PAD_VALUE
 
 pytestmark = pytest.mark.shared

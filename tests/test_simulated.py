@@ -16,7 +16,7 @@ from yoloedge.backends import backend_config_for, create_backend
 from yoloedge.backends.simulated import SimulatedBackend
 from yoloedge.config import AcceleratorConfig, ModelConfig
 from yoloedge.config.simulated import SimulatedConfig
-from yoloedge.detector import Detector, open_detector
+from yoloedge.pipeline.detector import Detector, open_detector
 from yoloedge.errors import BackendError
 
 

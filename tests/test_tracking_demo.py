@@ -42,7 +42,7 @@ def demo_detections() -> list[Detections]:
     """Every frame's candidates down to the tracker's low threshold, from the demo model."""
     import cv2
 
-    from yoloedge.detector import open_detector
+    from yoloedge.pipeline.detector import open_detector
 
     low = Tracker(TrackingConfig(), []).LOW_SCORE
     cap = cv2.VideoCapture(str(clip_path()))

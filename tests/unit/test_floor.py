@@ -9,7 +9,7 @@ import pytest
 
 from yoloedge.config import ModelConfig
 from yoloedge.demo import LABELS, MODEL, clip_path
-from yoloedge.detector import open_detector
+from yoloedge.pipeline.detector import open_detector
 
 
 @pytest.fixture(scope="module")

@@ -98,7 +98,7 @@ class BareLoop:
         import onnxruntime as ort
 
         from ..config import ModelConfig
-        from ..detector import open_detector
+        from ..pipeline.detector import open_detector
 
         det = open_detector(ModelConfig(path=model), warm_up=False)
         det.preprocess([frame])

@@ -145,7 +145,7 @@ def bench_model(model_path: str, frame: np.ndarray, repeat: int, threads: int = 
     import onnxruntime as ort
 
     from ..config import ModelConfig, OnnxRuntimeConfig
-    from ..detector import open_detector
+    from ..pipeline.detector import open_detector
 
     cfg = OnnxRuntimeConfig(intra_op_threads=threads)
     det = open_detector(ModelConfig(path=model_path), backend_config=cfg)

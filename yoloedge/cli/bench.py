@@ -77,7 +77,7 @@ def _complain(exc: Exception) -> int:
 def run_micro(args: argparse.Namespace) -> int:
     from ..bench.micro import bench_decode_nms, bench_event_shot, bench_letterbox, bench_tracking, format_table
     from ..config import ModelConfig
-    from ..detector import open_detector
+    from ..pipeline.detector import open_detector
 
     _register(args)
     try:

@@ -64,7 +64,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    from ..detector import open_detector
+    from ..pipeline.detector import open_detector
 
     for arg in (*args.images, args.model, args.labels):
         if arg:

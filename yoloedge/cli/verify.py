@@ -136,7 +136,7 @@ def reference_model(model: ModelConfig, source: str, args: argparse.Namespace) -
 
 def verify(config: Config, source: str, frames: Frames, args: argparse.Namespace) -> Report:
     from ..backends import backend_config_for, create_backend
-    from ..detector import Detector, open_detector
+    from ..pipeline.detector import Detector, open_detector
 
     acc = config.accelerators[0]
     accelerator = reference = None

@@ -19,7 +19,7 @@ from ..backends import backend_config_for, create_backend
 from ..backends.base import Backend
 from ..config.model import ModelConfig
 from ..config.schema import AcceleratorConfig
-from ..detector import Detector
+from .detector import Detector
 from ..health.progress import ProgressTracker
 from ..preprocess import Resizer
 from .batcher import Batcher

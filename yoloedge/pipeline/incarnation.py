@@ -29,7 +29,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..backoff import Backoff
-from ..detector import Detector
+from .detector import Detector
 from ..health.progress import DeviceCall
 from ..model import identity
 from .slots import BatchBuffer, OutputSet

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ..postprocess import Layout, Postprocessor
 
 if TYPE_CHECKING:
-    from ..detector import Detector
+    from .detector import Detector
 
 
 @dataclass(frozen=True)

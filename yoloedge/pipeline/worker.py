@@ -60,7 +60,7 @@ from ..backends.base import Backend
 from ..backoff import Backoff
 from ..config.model import ModelConfig
 from ..config.schema import AcceleratorConfig
-from ..detector import Detector
+from .detector import Detector
 from ..health.progress import DeviceHealth, ProgressTracker
 from ..model import identity
 from .batcher import Batcher

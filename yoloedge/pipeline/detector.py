@@ -14,13 +14,13 @@ from typing import Sequence
 
 import numpy as np
 
-from .backends.base import Backend
-from .config.model import ModelConfig
-from .errors import ModelError
-from .model.labels import COCO80, placeholder_labels, resolve_labels
-from .model.spec import ModelSpec, channels_last
-from .postprocess import Detections, Layout, PostprocessSettings, Postprocessor, detect_layout, make_decoder
-from .preprocess import Geometry, Letterboxer, family_style
+from ..backends.base import Backend
+from ..config.model import ModelConfig
+from ..errors import ModelError
+from ..model.labels import COCO80, placeholder_labels, resolve_labels
+from ..model.spec import ModelSpec, channels_last
+from ..postprocess import Detections, Layout, PostprocessSettings, Postprocessor, detect_layout, make_decoder
+from ..preprocess import Geometry, Letterboxer, family_style
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def _default_labels(num_classes: int) -> list[str]:
 def open_detector(config: ModelConfig, backend: str = "onnxruntime", backend_config=None,
                   max_batch: int = 1, warm_up: bool = True) -> Detector:
     """Create the backend, load the model and (by default) warm it up."""
-    from .backends import create_backend
+    from ..backends import create_backend
 
     detector = Detector(config, create_backend(backend, config.path, backend_config), max_batch)
     if warm_up:
