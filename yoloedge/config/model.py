@@ -6,15 +6,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-#: `provider` setting -> ONNX Runtime execution provider name.
-PROVIDERS: dict[str, str] = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-    "migraphx": "MIGraphXExecutionProvider",
-    "rocm": "ROCMExecutionProvider",  # onnxruntime-rocm <= 1.22 only; newer builds use migraphx
-}
-
 #: the folder under the cache root that holds ONNX Runtime's compiled engines and programs.
 CACHE_APP_DIR = "yoloedge"
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from .fields import INVALID, Boolean, Choice, Context, Integer, Reader, Text, mapping_or_report, read_present
-from .model import PROVIDERS, OnnxRuntimeConfig
+from .model import OnnxRuntimeConfig
+from .providers import PROVIDERS
 from .yamltree import Item
 
 GRAPH_OPTIMIZATION = ("disable", "basic", "extended", "all")
