@@ -20,13 +20,14 @@ import pytest
 pytest.importorskip("onnx")
 
 from onnx_models import make_dynamic_batch_v8_model, make_fixed_batch_v8_model  # noqa: E402
-from yoloedge.backends import ort_gpu_check, ort_providers  # noqa: E402
+from yoloedge.backends import ort_gpu_check  # noqa: E402
 from yoloedge.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
 from yoloedge.backends.ort_cache import CacheKey, cache_folder, model_digest  # noqa: E402
 from yoloedge.backends.ort_providers import (cache_options, migraphx_cache_options, parse_version,  # noqa: E402
                                              precision, provider_entry)
 from yoloedge.config import OnnxRuntimeConfig  # noqa: E402
-from yoloedge.config.model import PROVIDERS, default_cache_dir  # noqa: E402
+from yoloedge.config.model import default_cache_dir  # noqa: E402
+from yoloedge.config.providers import GPU_PROVIDERS as ALL_GPU_PROVIDERS, PROVIDERS  # noqa: E402
 from yoloedge.errors import BackendError  # noqa: E402
 
 SIZE = 64
@@ -341,7 +342,7 @@ def test_the_default_cache_dir_is_read_when_a_config_is_built(monkeypatch):
 
 # -- providers this build lacks ----------------------------------------------------------------------
 def missing_gpu_providers() -> list[str]:
-    return [p for p in ("cuda", "tensorrt", "migraphx") if PROVIDERS[p] not in ort.get_available_providers()]
+    return [p for p in ("cuda", "tensorrt", "migraphx") if PROVIDERS[p].ort_name not in ort.get_available_providers()]
 
 
 @pytest.mark.parametrize("provider", missing_gpu_providers())
@@ -349,7 +350,7 @@ def test_a_missing_provider_is_refused_without_allow_fallback(provider, dynamic_
     backend = OnnxRuntimeBackend(str(dynamic_model), OnnxRuntimeConfig(provider=provider, cache_dir=str(tmp_path)))
     with pytest.raises(BackendError) as err:
         backend.open(2)
-    assert PROVIDERS[provider] in str(err.value) and "allow_fallback" in str(err.value)
+    assert PROVIDERS[provider].ort_name in str(err.value) and "allow_fallback" in str(err.value)
     assert list(tmp_path.iterdir()) == [], "no cache folder for a provider that is not there"
 
 
@@ -399,8 +400,8 @@ def test_a_listed_provider_that_does_not_load_is_refused_after_its_cache_is_keye
 
 # -- on a real GPU provider --------------------------------------------------------------------------
 def gpu_provider_or_skip(provider: str) -> None:
-    if PROVIDERS[provider] not in ort.get_available_providers():
-        pytest.skip(f"this onnxruntime build has no {PROVIDERS[provider]}")
+    if PROVIDERS[provider].ort_name not in ort.get_available_providers():
+        pytest.skip(f"this onnxruntime build has no {PROVIDERS[provider].ort_name}")
 
 
 @pytest.mark.gpu
@@ -415,7 +416,7 @@ def test_gpu_provider_matches_the_cpu_and_reuses_its_cache(provider, models, tmp
     config = OnnxRuntimeConfig(provider=provider, cache_dir=str(tmp_path))
     gpu = OnnxRuntimeBackend(str(path), config)
     gpu.open(2)
-    assert gpu.active_provider == PROVIDERS[provider]
+    assert gpu.active_provider == PROVIDERS[provider].ort_name
     assert gpu._input_device == "cuda"
     assert all(t.device_name().lower() == "cuda" for t in gpu._device_inputs)
     data = np.random.default_rng(11).random(cpu.input_buffer.shape).astype(cpu.input_buffer.dtype)
@@ -425,7 +426,7 @@ def test_gpu_provider_matches_the_cpu_and_reuses_its_cache(provider, models, tmp
         for g, c in zip(gpu.run(n), cpu.run(n)):
             np.testing.assert_allclose(g, c, rtol=1e-2, atol=1e-2)
     gpu.close()
-    if provider in ort_providers.COMPILING:
+    if PROVIDERS[provider].compiles:
         before = sorted(p.name for p in Path(gpu.cache_folder).iterdir())
         assert before, f"{provider} left nothing in {gpu.cache_folder}"
         again = OnnxRuntimeBackend(str(path), config)
@@ -454,7 +455,7 @@ def test_gpu_check_runs_its_comparison_and_second_opening(dynamic_model, tmp_pat
 
 
 def test_gpu_check_says_when_this_build_has_no_gpu_provider(dynamic_model, capsys):
-    absent = [p for p in ort_gpu_check.GPU_PROVIDERS if PROVIDERS[p] not in ort.get_available_providers()]
+    absent = [p for p in ALL_GPU_PROVIDERS if PROVIDERS[p].ort_name not in ort.get_available_providers()]
     if not absent:
         pytest.skip("this build has every GPU provider")
     assert ort_gpu_check.main([str(dynamic_model), "--providers", absent[0]]) == ort_gpu_check.NO_PROVIDER
@@ -472,7 +473,7 @@ def test_telemetry_asks_the_gpu_tool_for_the_providers_device(provider, kind, dy
     monkeypatch.setattr(backend_module, "gpu_telemetry", lambda k, d: asked.append((k, d)) or {"source": "x"})
     backend = OnnxRuntimeBackend(str(dynamic_model), OnnxRuntimeConfig(provider=provider, device_id=1))
     assert backend.telemetry() is None, "not open: no session, nothing to ask"
-    backend.active_provider = PROVIDERS[provider]  # as after a session on that provider opened
+    backend.active_provider = PROVIDERS[provider].ort_name  # as after a session on that provider opened
     assert backend.telemetry() == {"source": "x"}
     backend.active_provider = "CPUExecutionProvider"  # as after an accepted fallback
     assert backend.telemetry() is None

@@ -14,7 +14,9 @@ Lifecycle, all on the worker thread that owns the card (pyACL binds contexts to 
            desc, stream, context, reset_device, [acl.finalize, last backend of the process]
 
 Every acquisition pushes its own undo step, so `close` (and a failed `open`) release precisely
-what was acquired, in reverse order, and a failing step does not stop the ones after it.
+what was acquired, in reverse order, and a failing step does not stop the ones after it. The
+open/run/close skeleton around these calls is `device.PinnedDeviceBackend`'s, shared with the
+other backends that own pinned host buffers; this module holds only the device calls.
 
 The letterbox writes straight into the pinned host memory: each of `input_buffers` is a numpy view
 of one pinned input set (`acl.util.ptr_to_numpy`), and the arrays `run` returns are views of one
@@ -31,19 +33,17 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
-from dataclasses import dataclass, field
 
 import acl
 import numpy as np
 
 from ..config.ascend import EXECUTE_MODES, AscendConfig
 from ..errors import BackendError, ModelError
-from ..model.spec import DYNAMIC, ModelMetadata, ModelSpec, TensorSpec
+from ..model.spec import DYNAMIC, ModelSpec
 from . import acl_runtime as rt
 from .acl_runtime import check, checked
-from .base import Backend, check_open_request, require_model_file, warn_fixed_imgsz
-from .undo import UndoStack, raise_collected
+from .base import require_model_file
+from .device import DeviceTensor, PinnedDeviceBackend
 from .npu_smi import NPU_SMI
 
 log = logging.getLogger(__name__)
@@ -80,83 +80,48 @@ class HostView:
             self.array[:count] = np.frombuffer(acl.util.ptr_to_bytes(self.ptr, count), np.uint8)
 
 
-@dataclass
-class Tensor:
-    """One model input or output: its device buffer, its pinned host buffer, its data buffer."""
-
-    index: int
-    name: str
-    dtype: np.dtype
-    item_shape: tuple[int, ...]  # one batch item
-    item_bytes: int
-    device_bytes: int  # what the model description asks for (the largest gear)
-    device_ptr: int = 0
-    hosts: list[HostView] = field(default_factory=list)  # one pinned buffer per input/output set
-    arrays: list[np.ndarray] = field(default_factory=list)  # typed [capacity, *item_shape] views of them
+#: one model input or output (`device_bytes`: what the model description asks for, the largest
+#: gear); its pinned host buffers are kept as `HostView`s
+Tensor = DeviceTensor[HostView]
 
 
-class AscendBackend(Backend):
+class AscendBackend(PinnedDeviceBackend[HostView]):
+    """`device.PinnedDeviceBackend` filled in with pyACL calls."""
+
     name = "ascend"
+    fixed_when = "at conversion"
 
     def __init__(self, model_path: str, config: AscendConfig | None = None):
-        self.model_path = str(model_path)
-        self.config = config or AscendConfig()
-        if self.config.execute not in EXECUTE_MODES:
-            raise BackendError(f"unknown execute mode {self.config.execute!r}: choose one of "
+        config = config or AscendConfig()
+        if config.execute not in EXECUTE_MODES:
+            raise BackendError(f"unknown execute mode {config.execute!r}: choose one of "
                                f"{', '.join(EXECUTE_MODES)}")
-        self._lock = threading.RLock()
-        self._undo = UndoStack()
-        self._reset_state()
+        super().__init__(model_path, config)
+        self.config: AscendConfig
         self._process = rt.PROCESS  # the same one from open to close, whatever replaces it later
         self._process.register(self)
 
     def _reset_state(self) -> None:
-        self._spec: ModelSpec | None = None
+        super()._reset_state()
         self._context = 0
         self._stream = 0
         self._model_id: int | None = None
         self._desc = 0
-        self._input: Tensor | None = None
         self._mbatch: Tensor | None = None  # ascend_mbatch_shape_data, dynamic-batch models only
-        self._outputs: list[Tensor] = []
         self._input_dataset = 0
         self._output_dataset = 0
         self._model_batch = 0  # the static batch, or the largest gear
         self._gears: tuple[int, ...] = ()  # usable dynamic-batch gears; () for a static batch
         self._gear_for: list[int] = []  # n -> gear to run a batch of n frames
-        self._capacity = 0
-        self._copy_in = rt.ACL_MEMCPY_HOST_TO_DEVICE
-        self._copy_out = rt.ACL_MEMCPY_DEVICE_TO_HOST
+        self._memcpy_in = rt.ACL_MEMCPY_HOST_TO_DEVICE
+        self._memcpy_out = rt.ACL_MEMCPY_DEVICE_TO_HOST
         self._soc = ""
         self.aipp = False
 
+    def _settle(self) -> None:
+        self._process.settle(self)
+
     # -- open ----------------------------------------------------------------------------------
-    def open(self, max_batch: int = 1, input_hw: tuple[int, int] | None = None, *,
-             input_sets: int = 1, output_sets: int = 1) -> ModelSpec:
-        with self._lock:
-            if self._spec is not None:
-                return self._spec
-            check_open_request(max_batch, input_sets, output_sets)
-            try:
-                spec = self._open(max_batch, input_sets, output_sets)
-            except BaseException:
-                self._abandon_open()
-                raise
-            self._process.settle(self)
-            warn_fixed_imgsz(self.model_path, input_hw, spec.metadata.imgsz, "at conversion")
-            return spec
-
-    def _abandon_open(self) -> None:
-        """Release what a failed `open` took; the open's own error is the one raised."""
-        errors = self._undo.unwind()
-        self._reset_state()
-        try:
-            self._process.settle(self)
-        except Exception as exc:  # noqa: BLE001 - logged below; the open's error takes precedence
-            errors.append(exc)
-        for err in errors:
-            log.error("while releasing after a failed open of %s: %s", self.model_path, err)
-
     def _open(self, max_batch: int, input_sets: int, output_sets: int) -> ModelSpec:
         require_model_file(self.model_path)
         self._process.acquire()
@@ -185,7 +150,7 @@ class AscendBackend(Backend):
         run_mode = checked(acl.rt.get_run_mode(), "acl.rt.get_run_mode") if hasattr(acl.rt, "get_run_mode") \
             else rt.ACL_HOST
         if run_mode == rt.ACL_DEVICE:  # on the card's own CPU "host" memory is device memory
-            self._copy_in = self._copy_out = rt.ACL_MEMCPY_DEVICE_TO_DEVICE
+            self._memcpy_in = self._memcpy_out = rt.ACL_MEMCPY_DEVICE_TO_DEVICE
         self._soc = acl.get_soc_name() if hasattr(acl, "get_soc_name") else ""
 
     def _load_model(self) -> None:
@@ -217,7 +182,7 @@ class AscendBackend(Backend):
         if len(images) != 1:
             raise ModelError(f"{self.model_path}: expected one image input, the model has {len(images)} "
                              f"(dynamic AIPP models are not supported: use a static AIPP block)")
-        dims, name = self._dims(acl.mdl.get_input_dims(desc, images[0]), "acl.mdl.get_input_dims", "images")
+        dims, name = tensor_dims(acl.mdl.get_input_dims(desc, images[0]), "acl.mdl.get_input_dims", "images")
         self._model_batch = max(gears) if gears else dims[0]
         if self._model_batch < 1:
             raise ModelError(f"{self.model_path}: input batch {dims[0]} without dynamic batch gears")
@@ -225,7 +190,7 @@ class AscendBackend(Backend):
         self._input = self._image_input(images[0], dims, name)
         if mbatch is not None:
             size = acl.mdl.get_input_size_by_index(desc, mbatch)
-            self._mbatch = Tensor(mbatch, rt.ACL_DYNAMIC_TENSOR_NAME, np.dtype(np.int64), (1,), size, size)
+            self._mbatch = Tensor(rt.ACL_DYNAMIC_TENSOR_NAME, np.dtype(np.int64), (1,), size, size, mbatch)
         self._outputs = [self._output(i) for i in range(acl.mdl.get_num_outputs(desc))]
 
     def _dynamic_gears(self) -> tuple[int, ...]:
@@ -256,19 +221,12 @@ class AscendBackend(Backend):
             log.info("%s: batches of up to %d frames (asked for %d; the model's %s)", self.model_path,
                      self._capacity, max_batch, f"gears are {list(gears)}" if gears else "batch is fixed")
 
-    @staticmethod
-    def _dims(result, call: str, default_name: str) -> tuple[list[int], str]:
-        """`get_input_dims` / `get_output_dims` answer {"name", "dimCount", "dims"}."""
-        info = checked(result, call)
-        dims = [int(d) for d in info["dims"][:info.get("dimCount", len(info["dims"]))]]
-        return dims, str(info.get("name") or default_name)
-
     def _image_input(self, index: int, dims: list[int], name: str) -> Tensor:
         """Sizes per frame from the description (which sizes the largest gear); uint8 means AIPP."""
         desc = self._desc
         size = acl.mdl.get_input_size_by_index(desc, index)
-        dtype = self._dtype(acl.mdl.get_input_data_type(desc, index), "input")
-        self.aipp = self._has_static_aipp(index) or dtype == np.uint8
+        dtype = numpy_dtype(self.model_path, acl.mdl.get_input_data_type(desc, index), "input")
+        self.aipp = has_static_aipp(self.model_path, self._model_id, index) or dtype == np.uint8
         if len(dims) != 4 or min(dims[1:]) < 1:
             raise ModelError(f"{self.model_path}: expected a 4-D image input with fixed size, got {dims}")
         if size % self._model_batch:
@@ -276,55 +234,21 @@ class AscendBackend(Backend):
         item_bytes = size // self._model_batch
         shape: tuple[int, ...]
         if self.aipp:
-            dtype, shape = np.dtype(np.uint8), self._aipp_shape(dims, index, item_bytes)
+            dtype, shape = np.dtype(np.uint8), aipp_shape(self.model_path, desc, dims, index, item_bytes)
         else:
             shape = tuple(dims[1:])
             if math.prod(shape) * dtype.itemsize != item_bytes:
                 raise ModelError(f"{self.model_path}: input dims {dims} of {dtype} do not fill its "
                                  f"{size} bytes")
-        return Tensor(index, name, dtype, shape, item_bytes, size)
-
-    def _has_static_aipp(self, index: int) -> bool:
-        """What the model says about AIPP on this input; dynamic AIPP is refused."""
-        if not hasattr(acl.mdl, "get_aipp_type"):
-            return False
-        kind, _attached, ret = acl.mdl.get_aipp_type(self._model_id, index)
-        if ret != rt.ACL_SUCCESS:
-            name, meaning = rt.describe_code(ret)
-            log.debug("acl.mdl.get_aipp_type returned %s (%s: %s); deciding AIPP from the input type",
-                      ret, name, meaning)
-            return False
-        if kind in (rt.ACL_DATA_WITH_DYNAMIC_AIPP, rt.ACL_DYNAMIC_AIPP_NODE):
-            raise ModelError(f"{self.model_path}: dynamic AIPP is not supported; convert with a static "
-                             f"AIPP block (aipp_mode: static, input_format: RGB888_U8)")
-        return kind == rt.ACL_DATA_WITH_STATIC_AIPP
-
-    def _aipp_shape(self, dims: list[int], index: int, item_bytes: int) -> tuple[int, int, int]:
-        """(H, W, C) of the uint8 frame AIPP takes. The dims are read by where the channel count
-        sits (ATC reports AIPP inputs NHWC, but the format may still say the --input_format the
-        model was converted with); the format only settles dims like 3x3x3."""
-        a, b, c = dims[1:]
-        if c in (1, 3) and a not in (1, 3):
-            nchw = False
-        elif a in (1, 3) and c not in (1, 3):
-            nchw = True
-        else:
-            fmt = acl.mdl.get_input_format(self._desc, index) if hasattr(acl.mdl, "get_input_format") else None
-            nchw = fmt == rt.ACL_FORMAT_NCHW
-        h, w, ch = (b, c, a) if nchw else (a, b, c)
-        if h * w * ch != item_bytes:
-            raise ModelError(f"{self.model_path}: the AIPP input takes {item_bytes} bytes per frame, not a "
-                             f"{w}x{h}x{ch} RGB888_U8 image (YUV420SP or other AIPP input formats are not "
-                             f"supported: convert with input_format: RGB888_U8)")
-        return h, w, ch
+        return Tensor(name, dtype, shape, item_bytes, size, index)
 
     def _output(self, index: int) -> Tensor:
         """Shape and type per frame from the description: raw feature maps come out as they are,
         for the `raw` decoder. The device buffer holds the largest gear whatever the description
         says its size is (that value is not confirmed for dynamic-batch models)."""
         desc = self._desc
-        dims, name = self._dims(acl.mdl.get_output_dims(desc, index), "acl.mdl.get_output_dims", f"output{index}")
-        dtype = self._dtype(acl.mdl.get_output_data_type(desc, index), f"output {index}")
+        dims, name = tensor_dims(acl.mdl.get_output_dims(desc, index), "acl.mdl.get_output_dims", f"output{index}")
+        dtype = numpy_dtype(self.model_path, acl.mdl.get_output_data_type(desc, index), f"output {index}")
         size = acl.mdl.get_output_size_by_index(desc, index)
         shape = tuple(dims[1:])
         if not shape or min(shape) < 1:
@@ -334,26 +258,14 @@ class AscendBackend(Backend):
         if size < item_bytes * self._model_batch:
             log.debug("%s: output %d is described as %d bytes, %d needed for batch %d", self.model_path,
                       index, size, item_bytes * self._model_batch, self._model_batch)
-        return Tensor(index, name, dtype, shape, item_bytes, max(size, item_bytes * self._model_batch))
-
-    def _dtype(self, code: int, what: str) -> np.dtype:
-        if code not in rt.ACL_DTYPES:
-            raise ModelError(f"{self.model_path}: {what} has unsupported aclDataType {code}")
-        return rt.ACL_DTYPES[code]
+        return Tensor(name, dtype, shape, item_bytes, max(size, item_bytes * self._model_batch), index)
 
     # -- buffers -------------------------------------------------------------------------------
     def _allocate(self, input_sets: int, output_sets: int) -> None:
         """Device buffers as the description sizes them; pinned host buffers for `capacity`
         frames, one per input set (the image input) and per output set (every output)."""
+        self._allocate_sets(input_sets, output_sets)
         inp = self._image
-        for tensor, sets in ((inp, input_sets), *((o, output_sets) for o in self._outputs)):
-            tensor.device_ptr = self._malloc(tensor.device_bytes)
-            host_bytes = self._capacity * tensor.item_bytes
-            for _ in range(sets):
-                host = HostView(self._malloc_host(host_bytes), host_bytes)
-                tensor.hosts.append(host)
-                tensor.arrays.append(host.array[:host_bytes].view(tensor.dtype).reshape(
-                    self._capacity, *tensor.item_shape))
         if self._mbatch is not None:
             self._mbatch.device_ptr = self._malloc(self._mbatch.device_bytes)
         if any(h.staged for t in (inp, *self._outputs) for h in t.hosts):
@@ -368,10 +280,11 @@ class AscendBackend(Backend):
         self._undo.push("free device memory", lambda: check(acl.rt.free(ptr), "acl.rt.free"))
         return ptr
 
-    def _malloc_host(self, nbytes: int) -> int:
+    def _pinned(self, nbytes: int) -> tuple[HostView, np.ndarray]:
         ptr = checked(acl.rt.malloc_host(int(nbytes)), "acl.rt.malloc_host", f"{nbytes} bytes")
         self._undo.push("free host memory", lambda: check(acl.rt.free_host(ptr), "acl.rt.free_host"))
-        return ptr
+        host = HostView(ptr, nbytes)
+        return host, host.array
 
     def _build_datasets(self) -> None:
         """Data buffers wrapping the device buffers, then one dataset for inputs, one for outputs."""
@@ -398,34 +311,14 @@ class AscendBackend(Backend):
             checked(acl.mdl.add_dataset_buffer(dataset, buffer), "acl.mdl.add_dataset_buffer")
         return dataset
 
-    def _model_spec(self) -> ModelSpec:
-        inp = self._image
-        batch = DYNAMIC if self._gears else self._model_batch
-        h, w = (inp.item_shape[0], inp.item_shape[1]) if self.aipp else (inp.item_shape[1], inp.item_shape[2])
-        return ModelSpec(
-            self.model_path,
-            (TensorSpec(inp.name, (self._capacity, *inp.item_shape), inp.dtype),),
-            tuple(TensorSpec(o.name, (batch, *o.item_shape), o.dtype) for o in self._outputs),
-            ModelMetadata(imgsz=(h, w)))
+    def _output_batch(self) -> int:
+        return DYNAMIC if self._gears else self._model_batch
+
+    def _imgsz(self) -> tuple[int, int]:
+        shape = self._image.item_shape
+        return (shape[0], shape[1]) if self.aipp else (shape[1], shape[2])
 
     # -- running -------------------------------------------------------------------------------
-    @property
-    def _image(self) -> Tensor:
-        """The image input: set by `_describe` during `open`, cleared by `close`."""
-        if self._input is None:
-            raise BackendError("backend is not open")
-        return self._input
-
-    @property
-    def input_buffers(self) -> list[np.ndarray]:
-        if self._spec is None:
-            raise BackendError("backend is not open")
-        return self._image.arrays
-
-    @property
-    def max_batch(self) -> int:
-        return self._capacity if self._spec is not None else 0
-
     @property
     def batch_sizes(self) -> tuple[int, ...]:
         if self._spec is None:
@@ -438,33 +331,22 @@ class AscendBackend(Backend):
         soc = f" {self._soc}" if self._soc else ""
         return f"ascend{soc} device {self.config.device_id} ({self.config.execute}, {batch})"
 
-    def run(self, n: int, input_set: int = 0, output_set: int = 0) -> list[np.ndarray]:
-        with self._lock:
-            inp = self._input
-            if self._spec is None or inp is None:
-                raise BackendError("backend is not open")
-            if not 1 <= n <= self._capacity:
-                raise BackendError(f"batch of {n} outside 1..{self._capacity}")
-            if not 0 <= input_set < len(inp.hosts):
-                raise BackendError(f"input set {input_set} outside 0..{len(inp.hosts) - 1}")
-            if not 0 <= output_set < len(self._outputs[0].hosts):
-                raise BackendError(f"output set {output_set} outside 0..{len(self._outputs[0].hosts) - 1}")
-            check(acl.rt.set_context(self._context), "acl.rt.set_context")
-            self._copy_input(inp, n, input_set)
-            if self._mbatch is not None:
-                gear = self._gear_for[n]
-                check(acl.mdl.set_dynamic_batch_size(self._model_id, self._input_dataset, self._mbatch.index, gear),
-                      "acl.mdl.set_dynamic_batch_size", f"batch {gear}")
-            self._execute()
-            for out in self._outputs:
-                self._copy_output(out, n, output_set)
-            return [out.arrays[output_set][:n] for out in self._outputs]
+    def _activate(self, detail: str = "") -> None:
+        if self._context:  # pyACL binds contexts to threads
+            check(acl.rt.set_context(self._context), "acl.rt.set_context", detail)
+
+    def _set_batch_for(self, n: int) -> None:
+        """A dynamic-batch model runs the smallest gear >= n."""
+        if self._mbatch is not None:
+            gear = self._gear_for[n]
+            check(acl.mdl.set_dynamic_batch_size(self._model_id, self._input_dataset, self._mbatch.index, gear),
+                  "acl.mdl.set_dynamic_batch_size", f"batch {gear}")
 
     def _copy_input(self, inp: Tensor, n: int, input_set: int) -> None:
         host = inp.hosts[input_set]
         count = n * inp.item_bytes
         src, keep_alive = host.source(count)
-        kind = rt.ACL_MEMCPY_HOST_TO_DEVICE if host.staged else self._copy_in
+        kind = rt.ACL_MEMCPY_HOST_TO_DEVICE if host.staged else self._memcpy_in
         check(acl.rt.memcpy(inp.device_ptr, inp.device_bytes, src, count, kind), "acl.rt.memcpy",
               f"input {inp.name}, {count} bytes to the device")
         del keep_alive
@@ -480,24 +362,9 @@ class AscendBackend(Backend):
     def _copy_output(self, out: Tensor, n: int, output_set: int) -> None:
         host = out.hosts[output_set]
         count = n * out.item_bytes
-        check(acl.rt.memcpy(host.ptr, host.nbytes, out.device_ptr, count, self._copy_out),
+        check(acl.rt.memcpy(host.ptr, host.nbytes, out.device_ptr, count, self._memcpy_out),
               "acl.rt.memcpy", f"output {out.name}, {count} bytes from the device")
         host.landed(count)
-
-    # -- closing -------------------------------------------------------------------------------
-    def close(self) -> None:
-        with self._lock:
-            if not self._undo:
-                self._process.settle(self)  # closed without (successfully) opening
-                return
-            errors: list[Exception] = []
-            if self._context:
-                ret = acl.rt.set_context(self._context)  # teardown may run on another thread
-                if ret != rt.ACL_SUCCESS:
-                    errors.append(rt.AclError("acl.rt.set_context", ret, "before teardown"))
-            errors += self._undo.unwind()
-            self._reset_state()
-            raise_collected(errors, self.model_path)
 
     # -- telemetry -----------------------------------------------------------------------------
     def telemetry(self) -> dict | None:
@@ -507,3 +374,53 @@ class AscendBackend(Backend):
         if not self.config.telemetry:
             return None
         return NPU_SMI.device(self.config.device_id)
+
+
+# -- reading the model description ---------------------------------------------------------------
+def tensor_dims(result, call: str, default_name: str) -> tuple[list[int], str]:
+    """`get_input_dims` / `get_output_dims` answer {"name", "dimCount", "dims"}."""
+    info = checked(result, call)
+    dims = [int(d) for d in info["dims"][:info.get("dimCount", len(info["dims"]))]]
+    return dims, str(info.get("name") or default_name)
+
+
+def has_static_aipp(model_path: str, model_id: int | None, index: int) -> bool:
+    """What the model says about AIPP on this input; dynamic AIPP is refused."""
+    if not hasattr(acl.mdl, "get_aipp_type"):
+        return False
+    kind, _attached, ret = acl.mdl.get_aipp_type(model_id, index)
+    if ret != rt.ACL_SUCCESS:
+        name, meaning = rt.describe_code(ret)
+        log.debug("acl.mdl.get_aipp_type returned %s (%s: %s); deciding AIPP from the input type",
+                  ret, name, meaning)
+        return False
+    if kind in (rt.ACL_DATA_WITH_DYNAMIC_AIPP, rt.ACL_DYNAMIC_AIPP_NODE):
+        raise ModelError(f"{model_path}: dynamic AIPP is not supported; convert with a static "
+                         f"AIPP block (aipp_mode: static, input_format: RGB888_U8)")
+    return kind == rt.ACL_DATA_WITH_STATIC_AIPP
+
+
+def aipp_shape(model_path: str, desc: int, dims: list[int], index: int, item_bytes: int) -> tuple[int, int, int]:
+    """(H, W, C) of the uint8 frame AIPP takes. The dims are read by where the channel count
+    sits (ATC reports AIPP inputs NHWC, but the format may still say the --input_format the
+    model was converted with); the format only settles dims like 3x3x3."""
+    a, b, c = dims[1:]
+    if c in (1, 3) and a not in (1, 3):
+        nchw = False
+    elif a in (1, 3) and c not in (1, 3):
+        nchw = True
+    else:
+        fmt = acl.mdl.get_input_format(desc, index) if hasattr(acl.mdl, "get_input_format") else None
+        nchw = fmt == rt.ACL_FORMAT_NCHW
+    h, w, ch = (b, c, a) if nchw else (a, b, c)
+    if h * w * ch != item_bytes:
+        raise ModelError(f"{model_path}: the AIPP input takes {item_bytes} bytes per frame, not a "
+                         f"{w}x{h}x{ch} RGB888_U8 image (YUV420SP or other AIPP input formats are not "
+                         f"supported: convert with input_format: RGB888_U8)")
+    return h, w, ch
+
+
+def numpy_dtype(model_path: str, code: int, what: str) -> np.dtype:
+    if code not in rt.ACL_DTYPES:
+        raise ModelError(f"{model_path}: {what} has unsupported aclDataType {code}")
+    return rt.ACL_DTYPES[code]

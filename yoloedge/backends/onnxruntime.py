@@ -32,13 +32,14 @@ import warnings
 import numpy as np
 import onnxruntime as ort
 
-from ..config.model import PROVIDERS, OnnxRuntimeConfig
+from ..config.model import OnnxRuntimeConfig
+from ..config.providers import PROVIDERS
 from ..errors import BackendError, ModelError
 from ..model.spec import DYNAMIC, ModelSpec, TensorSpec, channels_last, normalise_shape, parse_metadata
 from .base import Backend, check_open_request, host_buffer, require_model_file
 from .gpu_smi import GpuKind, gpu_telemetry
 from .ort_cache import CacheKey, cache_folder, model_digest
-from .ort_providers import COMPILING, DEVICE_TYPES, cache_options, parse_version, precision, provider_entry
+from .ort_providers import cache_options, parse_version, precision, provider_entry
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,7 @@ GRAPH_OPTIMIZATION = {
 }
 
 
-CPU_PROVIDER = PROVIDERS["cpu"]
-#: `provider` -> the `gpu_smi` telemetry kind of its devices.
-TELEMETRY_KINDS = {"cuda": GpuKind.CUDA, "tensorrt": GpuKind.CUDA, "migraphx": GpuKind.ROCM, "rocm": GpuKind.ROCM}
+CPU_PROVIDER = PROVIDERS["cpu"].ort_name
 
 
 class OnnxRuntimeBackend(Backend):
@@ -151,7 +150,8 @@ class OnnxRuntimeBackend(Backend):
 
     def _compiles(self) -> bool:
         """Whether the session runs on a provider that compiles per input shape (TensorRT, MIGraphX)."""
-        return self.config.provider in COMPILING and self.active_provider == PROVIDERS[self.config.provider]
+        entry = PROVIDERS[self.config.provider]
+        return entry.compiles and self.active_provider == entry.ort_name
 
     def _staging_device(self) -> str | None:
         """The device the input sets are staged on: the one asked for, else the provider's (none
@@ -160,7 +160,7 @@ class OnnxRuntimeBackend(Backend):
             return self._requested_device
         if self.active_provider == CPU_PROVIDER:
             return None
-        return DEVICE_TYPES[self.config.provider]
+        return PROVIDERS[self.config.provider].device_type
 
     def _staging_id(self) -> int:
         """The staging device's index: the provider's device, or 0 for the CPU (there is one)."""
@@ -202,9 +202,10 @@ class OnnxRuntimeBackend(Backend):
     def _create_session(self, max_batch: int, input_hw: tuple[int, int] | None) -> ort.InferenceSession:
         require_model_file(self.model_path)
         cfg = self.config
-        wanted = PROVIDERS[cfg.provider]
+        wanted = PROVIDERS[cfg.provider].ort_name
+        compiles = PROVIDERS[cfg.provider].compiles
         cache: dict[str, str] = {}
-        if cfg.provider in COMPILING and wanted in ort.get_available_providers():
+        if compiles and wanted in ort.get_available_providers():
             self.cache_folder = cache_folder(cfg.cache_dir, self._cache_key(max_batch, input_hw))
             cache = cache_options(cfg.provider, parse_version(ort.__version__), self.cache_folder)
         entry = provider_entry(cfg.provider, cfg.device_id, cfg.provider_options, cache)
@@ -277,10 +278,10 @@ class OnnxRuntimeBackend(Backend):
         """The GPU's own view (nvidia-smi / tegrastats / rocm-smi, cached process-wide for a few
         seconds) while the session runs on a GPU provider; None on the CPU. Makes no ONNX Runtime
         call, so any thread may ask."""
-        kind = TELEMETRY_KINDS.get(self.config.provider)
-        if kind is None or self.active_provider in ("", CPU_PROVIDER):
+        kind = PROVIDERS[self.config.provider].telemetry
+        if not kind or self.active_provider in ("", CPU_PROVIDER):
             return None
-        return gpu_telemetry(kind, self.config.device_id)
+        return gpu_telemetry(GpuKind(kind), self.config.device_id)
 
     def run(self, n: int, input_set: int = 0, output_set: int = 0) -> list[np.ndarray]:
         session, spec = self._session, self._spec

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..config.model import PROVIDERS, OnnxRuntimeConfig
+from ..config.model import OnnxRuntimeConfig
+from ..config.providers import GPU_PROVIDERS, PROVIDERS
 from ..errors import YoloedgeError
 from .onnxruntime import OnnxRuntimeBackend
 
-GPU_PROVIDERS = ("cuda", "tensorrt", "migraphx", "rocm")
 NO_PROVIDER = 3
 
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown provider(s) {', '.join(unknown)}: choose from {', '.join(GPU_PROVIDERS)}", file=sys.stderr)
         return 2
-    providers = [p for p in asked if PROVIDERS[p] in available]
+    providers = [p for p in asked if PROVIDERS[p].ort_name in available]
     print(f"onnxruntime {ort.__version__}: providers {', '.join(available)}")
     if not providers:
         print(f"none of {', '.join(asked)} is in this onnxruntime build: nothing checked")

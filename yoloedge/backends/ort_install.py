@@ -16,10 +16,7 @@ import re
 from typing import Iterable, Sequence
 
 from ..config.catalogue import CATALOGUE
-
-#: distributions that install the `onnxruntime` module (names normalised as in PEP 503)
-ORT_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino",
-                     "onnxruntime-rocm", "onnxruntime-migraphx", "onnxruntime-qnn")
+from ..config.providers import ORT_DISTRIBUTIONS
 
 
 def normalise(name: str) -> str:

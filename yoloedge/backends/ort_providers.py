@@ -21,29 +21,12 @@ import os
 import re
 from typing import Mapping
 
-from ..config.model import PROVIDERS
+from ..config.providers import PROVIDERS
 
-#: `provider` setting -> the device type OrtValues and IOBinding name its memory with.
-DEVICE_TYPES: dict[str, str] = {
-    "cpu": "cpu",
-    "cuda": "cuda",
-    "tensorrt": "cuda",
-    "migraphx": "cuda",
-    "rocm": "cuda",
-}
-#: providers that compile the model for the input shape they see, slowly (TensorRT builds an
-#: engine, MIGraphX a program): they run one shape, the accelerator's full batch, and cache it.
-COMPILING = ("tensorrt", "migraphx")
 #: the first ONNX Runtime release with `migraphx_model_cache_dir` (and without save/load keys).
 MIGRAPHX_CACHE_DIR_SINCE = (1, 23)
 #: the file a <= 1.22 MIGraphX EP saves its compiled program to, inside the cache folder.
 MIGRAPHX_PROGRAM_FILE = "model.mxr"
-#: the provider-option keys that make a compiled engine/program of another precision.
-PRECISION_OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
-    "tensorrt": (("trt_fp16_enable", "fp16"), ("trt_bf16_enable", "bf16"), ("trt_int8_enable", "int8")),
-    "migraphx": (("migraphx_fp16_enable", "fp16"), ("migraphx_bf16_enable", "bf16"),
-                 ("migraphx_fp8_enable", "fp8"), ("migraphx_int8_enable", "int8")),
-}
 TRUE_WORDS = ("1", "true", "yes", "on")
 
 
@@ -72,7 +55,7 @@ def is_set(value: object) -> bool:
 
 def precision(provider: str, options: Mapping[str, object]) -> str:
     """The precision an EP compiles for, from its options: "fp32", or the reduced ones joined by '+'."""
-    reduced = [name for key, name in PRECISION_OPTIONS.get(provider, ()) if is_set(options.get(key, False))]
+    reduced = [name for key, name in PROVIDERS[provider].precision_options if is_set(options.get(key, False))]
     return "+".join(reduced) or "fp32"
 
 
@@ -117,7 +100,7 @@ def provider_entry(provider: str, device_id: int, user_options: Mapping[str, obj
 
     The config's own `provider_options` win over the cache keys we add, so an operator can still
     point the engine cache elsewhere."""
-    name = PROVIDERS[provider]
+    name = PROVIDERS[provider].ort_name
     if provider == "cpu":
         return name
     options = {"device_id": str(device_id), **cache}

@@ -18,7 +18,9 @@ Lifecycle, all on the worker thread that owns the GPU:
     close: exactly the reverse: pinned and device memory, context, engine, runtime, stream
 
 Every acquisition pushes its own undo step, so `close` (and a failed `open`) release precisely
-what was acquired, in reverse order, and a failing step does not stop the ones after it.
+what was acquired, in reverse order, and a failing step does not stop the ones after it. The
+open/run/close skeleton around these calls is `device.PinnedDeviceBackend`'s, shared with the
+other backends that own pinned host buffers; this module holds only the device calls.
 
 The letterbox writes straight into the pinned memory: each of `input_buffers` is a numpy view of
 one pinned input set, typed as the engine's input (float16 for an engine built with an FP16 input),
@@ -35,8 +37,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import threading
-from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
@@ -44,10 +44,10 @@ import tensorrt as trt
 
 from ..config.tensorrt import TensorRTConfig
 from ..errors import BackendError, ModelError
-from ..model.spec import DYNAMIC, ModelMetadata, ModelSpec, TensorSpec, image_hwc
-from .base import Backend, check_open_request, require_model_file, warn_fixed_imgsz
-from .undo import UndoStack, raise_collected
+from ..model.spec import DYNAMIC, ModelSpec, image_hwc
+from .base import require_model_file
 from .cuda_runtime import DEVICE_TO_HOST, HOST_TO_DEVICE, checked, cudart, host_array, native_handle
+from .device import DeviceTensor, PinnedDeviceBackend
 from .gpu_smi import GpuKind, gpu_telemetry
 
 log = logging.getLogger(__name__)
@@ -89,17 +89,8 @@ class TrtLog(trt.ILogger):
         return said
 
 
-@dataclass
-class Tensor:
-    """One engine I/O tensor: its device buffer and its pinned host buffers (typed views)."""
-
-    name: str
-    dtype: np.dtype
-    item_shape: tuple[int, ...]  # one batch item
-    item_bytes: int
-    device_ptr: int = 0
-    host_ptrs: list[int] = field(default_factory=list)  # one pinned buffer per input/output set
-    arrays: list[np.ndarray] = field(default_factory=list)  # [capacity, *item_shape] views of them
+#: one engine I/O tensor; its pinned host buffers are kept as their pointers
+Tensor = DeviceTensor[int]
 
 
 def dims(shape: Iterable[Any]) -> tuple[int, ...]:
@@ -116,53 +107,30 @@ def require_name_based_api() -> None:
                            f"with the CUDA provider on this machine, or upgrade TensorRT")
 
 
-class TensorRTBackend(Backend):
+class TensorRTBackend(PinnedDeviceBackend[int]):
+    """`device.PinnedDeviceBackend` filled in with TensorRT and CUDA runtime calls."""
+
     name = "tensorrt"
+    fixed_when = "when it was built"
 
     def __init__(self, model_path: str, config: TensorRTConfig | None = None):
-        super().__init__(str(model_path), config or TensorRTConfig())
+        self._trt_log = TrtLog(str(model_path))
+        super().__init__(model_path, config or TensorRTConfig())
         self.config: TensorRTConfig
-        self._lock = threading.RLock()
-        self._undo = UndoStack()
-        self._trt_log = TrtLog(self.model_path)
-        self._reset_state()
 
     def _reset_state(self) -> None:
-        self._spec: ModelSpec | None = None
+        super()._reset_state()
         self._stream: Any = None
         self._stream_handle = 0
         self._runtime: Any = None
         self._engine: Any = None
         self._context: Any = None
-        self._input: Tensor | None = None
-        self._outputs: list[Tensor] = []
         self._profile: tuple[int, int, int] | None = None  # (min, opt, max) batch; None for a static engine
         self._static_batch = 0
-        self._capacity = 0  # frames per run() call
         self._run_max = 0  # the largest batch the engine runs (device buffers hold this many)
         self._batch_set = 0  # the batch the context's input shape is set to
 
     # -- open ----------------------------------------------------------------------------------
-    def open(self, max_batch: int = 1, input_hw: tuple[int, int] | None = None, *,
-             input_sets: int = 1, output_sets: int = 1) -> ModelSpec:
-        with self._lock:
-            if self._spec is not None:
-                return self._spec
-            check_open_request(max_batch, input_sets, output_sets)
-            try:
-                spec = self._open(max_batch, input_sets, output_sets)
-            except BaseException:
-                self._abandon_open()
-                raise
-            warn_fixed_imgsz(self.model_path, input_hw, spec.metadata.imgsz, "when it was built")
-            return spec
-
-    def _abandon_open(self) -> None:
-        """Release what a failed `open` took; the open's own error is the one raised."""
-        for err in self._undo.unwind():
-            log.error("while releasing after a failed open of %s: %s", self.model_path, err)
-        self._reset_state()
-
     def _open(self, max_batch: int, input_sets: int, output_sets: int) -> ModelSpec:
         require_model_file(self.model_path)
         require_name_based_api()
@@ -287,7 +255,8 @@ class TensorRTBackend(Backend):
 
     def _tensor(self, name: str, item_shape: tuple[int, ...]) -> Tensor:
         dtype = self._dtype(name)
-        return Tensor(name, dtype, item_shape, int(np.prod(item_shape)) * dtype.itemsize)
+        item_bytes = int(np.prod(item_shape)) * dtype.itemsize
+        return Tensor(name, dtype, item_shape, item_bytes, self._run_max * item_bytes)
 
     def _output(self, name: str) -> Tensor:
         """Shapes as the context resolves them for the largest batch: outputs must carry the batch
@@ -310,19 +279,11 @@ class TensorRTBackend(Backend):
         """Device buffers for the largest batch run; pinned host buffers for `capacity` frames, one
         per input set (the input) and per output set (every output). All zeroed, so every page is
         touched now and padding slots never hold garbage."""
+        self._allocate_sets(input_sets, output_sets)
         inp = self._image
-        for tensor, sets in ((inp, input_sets), *((o, output_sets) for o in self._outputs)):
-            tensor.device_ptr = self._malloc(self._run_max * tensor.item_bytes)
-            nbytes = self._capacity * tensor.item_bytes
-            for _ in range(sets):
-                ptr = self._malloc_host(nbytes)
-                array = host_array(ptr, nbytes)
-                array.fill(0)
-                tensor.host_ptrs.append(ptr)
-                tensor.arrays.append(array.view(tensor.dtype).reshape(self._capacity, *tensor.item_shape))
         for start in range(0, self._run_max, self._capacity):  # zero the device input, capacity at a time
             count = min(self._capacity, self._run_max - start) * inp.item_bytes
-            checked(cudart.cudaMemcpyAsync(inp.device_ptr + start * inp.item_bytes, inp.host_ptrs[0], count,
+            checked(cudart.cudaMemcpyAsync(inp.device_ptr + start * inp.item_bytes, inp.hosts[0], count,
                                            HOST_TO_DEVICE, self._stream), "cudaMemcpyAsync", "zeroing the input")
         checked(cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
 
@@ -332,10 +293,13 @@ class TensorRTBackend(Backend):
         self._undo.push("free device memory", lambda: checked(cudart.cudaFree(ptr), "cudaFree"))
         return int(ptr)
 
-    def _malloc_host(self, nbytes: int) -> int:
+    def _pinned(self, nbytes: int) -> tuple[int, np.ndarray]:
+        """Zeroed, so every page is touched now and padding slots never hold garbage."""
         ptr = checked(cudart.cudaMallocHost(nbytes), "cudaMallocHost", f"{nbytes} bytes of pinned memory")
         self._undo.push("free pinned memory", lambda: checked(cudart.cudaFreeHost(ptr), "cudaFreeHost"))
-        return int(ptr)
+        array = host_array(int(ptr), nbytes)
+        array.fill(0)
+        return int(ptr), array
 
     def _bind_addresses(self) -> None:
         """The device buffers never move, so every tensor's address is set once."""
@@ -344,34 +308,14 @@ class TensorRTBackend(Backend):
                 raise TensorRTError("IExecutionContext.set_tensor_address",
                                     f"{tensor.name}: {self._trt_log.last_error()}")
 
-    def _model_spec(self) -> ModelSpec:
-        inp = self._image
-        batch = DYNAMIC if self._profile else self._static_batch
-        h, w, _ = image_hwc((self._capacity, *inp.item_shape))
-        return ModelSpec(
-            self.model_path,
-            (TensorSpec(inp.name, (self._capacity, *inp.item_shape), inp.dtype),),
-            tuple(TensorSpec(o.name, (batch, *o.item_shape), o.dtype) for o in self._outputs),
-            ModelMetadata(imgsz=(h, w)))
+    def _output_batch(self) -> int:
+        return DYNAMIC if self._profile else self._static_batch
+
+    def _imgsz(self) -> tuple[int, int]:
+        h, w, _ = image_hwc((self._capacity, *self._image.item_shape))
+        return h, w
 
     # -- running -------------------------------------------------------------------------------
-    @property
-    def _image(self) -> Tensor:
-        """The image input: set by `_describe` during `open`, cleared by `close`."""
-        if self._input is None:
-            raise BackendError("backend is not open")
-        return self._input
-
-    @property
-    def input_buffers(self) -> list[np.ndarray]:
-        if self._spec is None:
-            raise BackendError("backend is not open")
-        return self._image.arrays
-
-    @property
-    def max_batch(self) -> int:
-        return self._capacity if self._spec is not None else 0
-
     @property
     def batch_sizes(self) -> tuple[int, ...]:
         if self._spec is None:
@@ -387,49 +331,32 @@ class TensorRTBackend(Backend):
                  else f"batch {self._static_batch}")
         return f"tensorrt {trt.__version__} GPU {self.config.device_id} {io} ({batch})"
 
-    def run(self, n: int, input_set: int = 0, output_set: int = 0) -> list[np.ndarray]:
-        with self._lock:
-            inp = self._input
-            if self._spec is None or inp is None:
-                raise BackendError("backend is not open")
-            if not 1 <= n <= self._capacity:
-                raise BackendError(f"batch of {n} outside 1..{self._capacity}")
-            if not 0 <= input_set < len(inp.arrays):
-                raise BackendError(f"input set {input_set} outside 0..{len(inp.arrays) - 1}")
-            if not 0 <= output_set < len(self._outputs[0].arrays):
-                raise BackendError(f"output set {output_set} outside 0..{len(self._outputs[0].arrays) - 1}")
-            checked(cudart.cudaSetDevice(self.config.device_id), "cudaSetDevice")
-            if self._profile is not None:
-                batch = max(n, self._profile[0])
-                if batch != self._batch_set:
-                    self._set_batch(batch)
-            count = n * inp.item_bytes
-            checked(cudart.cudaMemcpyAsync(inp.device_ptr, inp.host_ptrs[input_set], count, HOST_TO_DEVICE,
-                                           self._stream),
-                    "cudaMemcpyAsync", f"input {inp.name}, {count} bytes to the GPU")
-            if not self._context.execute_async_v3(self._stream_handle):
-                raise TensorRTError("IExecutionContext.execute_async_v3", self._trt_log.last_error())
-            for out in self._outputs:
-                count = n * out.item_bytes
-                checked(cudart.cudaMemcpyAsync(out.host_ptrs[output_set], out.device_ptr, count, DEVICE_TO_HOST,
-                                               self._stream), "cudaMemcpyAsync",
-                        f"output {out.name}, {count} bytes from the GPU")
-            checked(cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
-            return [out.arrays[output_set][:n] for out in self._outputs]
+    def _activate(self, detail: str = "") -> None:
+        checked(cudart.cudaSetDevice(self.config.device_id), "cudaSetDevice", detail)
 
-    # -- closing -------------------------------------------------------------------------------
-    def close(self) -> None:
-        with self._lock:
-            if not self._undo:
-                return
-            errors: list[Exception] = []
-            try:  # teardown may run on another thread than open: free on the GPU that allocated
-                checked(cudart.cudaSetDevice(self.config.device_id), "cudaSetDevice", "before teardown")
-            except BackendError as failed:
-                errors.append(failed)
-            errors += self._undo.unwind()
-            self._reset_state()
-            raise_collected(errors, self.model_path)
+    def _set_batch_for(self, n: int) -> None:
+        """A dynamic engine runs the real batch, raised to the profile's minimum."""
+        if self._profile is not None:
+            batch = max(n, self._profile[0])
+            if batch != self._batch_set:
+                self._set_batch(batch)
+
+    def _copy_input(self, inp: Tensor, n: int, input_set: int) -> None:
+        count = n * inp.item_bytes
+        checked(cudart.cudaMemcpyAsync(inp.device_ptr, inp.hosts[input_set], count, HOST_TO_DEVICE, self._stream),
+                "cudaMemcpyAsync", f"input {inp.name}, {count} bytes to the GPU")
+
+    def _execute(self) -> None:
+        if not self._context.execute_async_v3(self._stream_handle):
+            raise TensorRTError("IExecutionContext.execute_async_v3", self._trt_log.last_error())
+
+    def _copy_output(self, out: Tensor, n: int, output_set: int) -> None:
+        count = n * out.item_bytes
+        checked(cudart.cudaMemcpyAsync(out.hosts[output_set], out.device_ptr, count, DEVICE_TO_HOST, self._stream),
+                "cudaMemcpyAsync", f"output {out.name}, {count} bytes from the GPU")
+
+    def _synchronize(self) -> None:
+        checked(cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
 
     # -- telemetry -----------------------------------------------------------------------------
     def telemetry(self) -> dict | None:

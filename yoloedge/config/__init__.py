@@ -4,7 +4,8 @@
 model objects from its flags.
 """
 
-from .model import PROVIDERS, ModelConfig, OnnxRuntimeConfig
+from .model import ModelConfig, OnnxRuntimeConfig
+from .providers import PROVIDERS
 from .schema import (BACKENDS, AcceleratorConfig, CameraConfig, Config, ControlConfig, HealthConfig,
                      LoggingConfig, MqttConfig, TlsConfig)
 

@@ -9,15 +9,6 @@ from typing import Mapping, Sequence
 #: the output layouts `model.format` names (`postprocess.layouts` decodes each).
 FORMATS = ("v5", "v8", "e2e", "yolox", "raw", "raw_v8")
 
-#: `provider` setting -> ONNX Runtime execution provider name.
-PROVIDERS: dict[str, str] = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-    "migraphx": "MIGraphXExecutionProvider",
-    "rocm": "ROCMExecutionProvider",  # onnxruntime-rocm <= 1.22 only; newer builds use migraphx
-}
-
 #: the folder under the cache root that holds ONNX Runtime's compiled engines and programs.
 CACHE_APP_DIR = "yoloedge"
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .fields import INVALID, Boolean, Choice, Context, Key, Integer, Text, mapping_or_report, read_present
-from .model import PROVIDERS, OnnxRuntimeConfig
+from .fields import INVALID, Boolean, Choice, Context, Integer, Key, Text, mapping_or_report, read_present
+from .model import OnnxRuntimeConfig
+from .providers import PROVIDERS
 from .yamltree import Item
 
 GRAPH_OPTIMIZATION = ("disable", "basic", "extended", "all")

@@ -48,7 +48,8 @@ from ..routing.router import ResultRouter
 from ..routing.sinks import SinkContext, build_sinks
 from ..events import CountsStore, UnknownCounts
 from ..routing import FrameKeeper, TrackingStage
-from ..pipeline.snapshots import SnapshotStore, snapshot_reply
+from ..control.snapshot import snapshot_reply
+from ..pipeline.snapshots import SnapshotStore
 from ..pipeline.worker import WorkerState
 from ..publish.homeassistant import Discovery
 from ..publish.mqtt import MqttPublisher

@@ -214,8 +214,9 @@ def _drawn(image: np.ndarray, box: tuple[float, float, float, float], score: flo
     # Imported here: `yoloedge-ctl` reads this module's request checks and must not load OpenCV.
     import numpy as np
 
-    from ..pipeline.snapshots import PALETTE, annotate, as_bgr
     from ..postprocess import Detections
+    from ..postprocess.annotate import PALETTE, annotate
+    from ..preprocess.letterbox import as_bgr
 
     canvas = as_bgr(image)
     if canvas is image:
@@ -227,14 +228,12 @@ def _drawn(image: np.ndarray, box: tuple[float, float, float, float], score: flo
 
 
 def _jpeg(image: np.ndarray) -> bytes:
-    import cv2
+    from ..postprocess.annotate import encode_jpeg
 
-    from ..pipeline.snapshots import JPEG_QUALITY
-
-    ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
-    if not ok:
+    jpeg = encode_jpeg(image)
+    if jpeg is None:
         raise RuntimeError(f"JPEG encoding of a {image.shape} frame failed")
-    return encoded.tobytes()
+    return jpeg
 
 
 # -- reading back: shared by HTTP and the control socket ---------------------------------------

@@ -28,7 +28,6 @@ the camera's lock, annotated (boxes, labels, one colour per class) and encoded o
 
 from __future__ import annotations
 
-import base64
 import threading
 import time
 from dataclasses import dataclass
@@ -38,10 +37,10 @@ from typing import Callable, Sequence
 import cv2
 import numpy as np
 
-from ..control.protocol import quoted_name
 from ..postprocess import Detections
+from ..postprocess.annotate import annotate, encode_jpeg
+from ..preprocess.letterbox import as_bgr
 from ..sources.frame import Frame, FrameSink
-from ..timeutil import utc_timestamp
 
 #: copies of a watched camera's frame per second at most: each 1080p copy costs about half a millisecond.
 DEFAULT_COPIES_PER_S = 2.0
@@ -50,25 +49,21 @@ DEFAULT_COPIES_PER_S = 2.0
 DEFAULT_WATCH_S = 60.0
 #: an unwatched camera keeps one frame this often, as a JPEG
 DEFAULT_IDLE_INTERVAL_S = 10.0
-JPEG_QUALITY = 85
 #: the keepsake is decoded, annotated and encoded again when asked for: a high quality keeps that
 #: second generation close to the first (a 1080p street scene: about 0.5 MB)
 KEEPSAKE_QUALITY = 95
-#: a snapshot JPEG larger than this is not sent over the control socket (8K frames are ~5 MB).
-MAX_JPEG_BYTES = 12 * 1024 * 1024
-
-#: BGR colours, one per class id (modulo its length): the same class keeps its colour across
-#: frames, cameras and restarts.
-PALETTE = ((56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207),
-           (10, 249, 72), (23, 204, 146), (134, 219, 61), (52, 147, 26), (187, 212, 0),
-           (168, 153, 44), (255, 194, 0), (147, 69, 52), (255, 115, 100), (236, 24, 0),
-           (255, 56, 132), (133, 0, 82), (255, 56, 203), (200, 149, 255), (199, 55, 255))
 
 
 class SnapshotMiss(str, Enum):
     """Why there is no snapshot to give."""
     UNKNOWN_CAMERA = "unknown_camera"
     NO_FRAME_YET = "no_frame_yet"
+
+    def why(self, quoted_camera: str) -> str:
+        """What to tell whoever asked, for the camera named (already quoted for display)."""
+        if self is SnapshotMiss.UNKNOWN_CAMERA:
+            return f"no camera named {quoted_camera}"
+        return f"camera {quoted_camera} has no processed frame yet"
 
 
 @dataclass(frozen=True)
@@ -178,11 +173,11 @@ class SnapshotStore:
         until this keepsake replaces it, so that there is never a moment without one."""
         with cam.lock:
             cam.staging = None
-        ok, encoded = cv2.imencode(".jpg", frame.image, [cv2.IMWRITE_JPEG_QUALITY, KEEPSAKE_QUALITY])
-        if not ok:  # a frame OpenCV cannot encode (an odd channel count): no keepsake of it
+        keepsake = encode_jpeg(frame.image, KEEPSAKE_QUALITY)
+        if keepsake is None:  # a frame OpenCV cannot encode (an odd channel count): no keepsake of it
             return
         with cam.lock:
-            cam.pending_jpeg = encoded.tobytes()
+            cam.pending_jpeg = keepsake
             cam.pending_key = (frame.seq, frame.capture_mono)
 
     def published(self, camera: str, seq: int, capture_mono: float, capture_time: float,
@@ -226,11 +221,11 @@ class SnapshotStore:
             if image is None:
                 raise RuntimeError(f"camera {camera}: its keepsake JPEG does not decode")
         image = annotate(as_bgr(image), dets, labels)
-        ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
-        if not ok:
+        jpeg = encode_jpeg(image)
+        if jpeg is None:
             raise RuntimeError(f"camera {camera}: JPEG encoding of a {image.shape} frame failed")
         return Snapshot(camera, seq, capture_time, int(image.shape[1]), int(image.shape[0]),
-                        dets.to_dicts(labels), encoded.tobytes())
+                        dets.to_dicts(labels), jpeg)
 
     def latest_jpeg(self, camera: str) -> bytes | None:
         """The annotated JPEG, or None (unknown camera, or no frame processed yet: see `latest`)."""
@@ -246,52 +241,3 @@ class SnapshotStore:
         cam = self._cameras.get(camera)
         return cam.raw_bytes() if cam is not None else 0
 
-
-def as_bgr(image: np.ndarray) -> np.ndarray:
-    """Readers may hand over gray or BGRA frames; boxes are drawn in colour."""
-    if image.ndim == 2 or image.shape[2] == 1:
-        return cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
-    if image.shape[2] == 4:
-        return cv2.cvtColor(image, cv2.COLOR_BGRA2BGR)
-    return image
-
-
-def class_colour(class_id: int) -> tuple[int, int, int]:
-    return PALETTE[class_id % len(PALETTE)]
-
-
-def annotate(image: np.ndarray, dets: Detections, labels: Sequence[str]) -> np.ndarray:
-    """Draw each box and a filled label tag ("person 0.87") on `image`, in place."""
-    height, width = image.shape[:2]
-    thickness = max(2, round(min(width, height) / 300))
-    scale = max(0.4, min(width, height) / 900)
-    for box, score, cid in zip(dets.boxes.tolist(), dets.scores.tolist(), dets.class_ids.tolist()):
-        x1, y1, x2, y2 = (int(round(v)) for v in box)
-        colour = class_colour(int(cid))
-        cv2.rectangle(image, (x1, y1), (x2, y2), colour, thickness)
-        text = f"{labels[cid] if 0 <= cid < len(labels) else f'class{cid}'} {score:.2f}"
-        (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
-        top = y1 - th - base - 2 if y1 - th - base - 2 >= 0 else y1  # inside the box at the top edge
-        cv2.rectangle(image, (x1, top), (x1 + tw + 2, top + th + base + 2), colour, cv2.FILLED)
-        cv2.putText(image, text, (x1 + 1, top + th + 1), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1,
-                    cv2.LINE_AA)
-    return image
-
-
-def snapshot_reply(store: SnapshotStore, request: dict) -> dict:
-    """The control socket's `{"cmd": "snapshot", "camera": NAME}`; `reason` tells ctl which
-    exit code to use."""
-    camera = request.get("camera")
-    if not isinstance(camera, str):
-        return {"ok": False, "error": 'snapshot needs a "camera" name'}
-    snap = store.latest(camera)
-    if not isinstance(snap, Snapshot):
-        why = (f"no camera named {quoted_name(camera)}" if snap is SnapshotMiss.UNKNOWN_CAMERA
-               else f"camera {quoted_name(camera)} has no processed frame yet")
-        return {"ok": False, "reason": snap.value, "error": why}
-    if len(snap.jpeg) > MAX_JPEG_BYTES:
-        return {"ok": False, "error": f"the snapshot is {len(snap.jpeg)} bytes, more than the "
-                                      f"{MAX_JPEG_BYTES} the control socket carries"}
-    return {"ok": True, "camera": snap.camera, "frame": snap.seq, "ts": utc_timestamp(snap.capture_time),
-            "width": snap.width, "height": snap.height, "detections": snap.detections,
-            "jpeg_base64": base64.b64encode(snap.jpeg).decode("ascii")}

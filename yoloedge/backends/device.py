@@ -1,0 +1,237 @@
+"""The skeleton every backend with pinned host buffers shares; each one fills in its device calls.
+
+TensorRT and Ascend (and the next one, RKNN) do the same thing around different runtime calls:
+one model on one device, every buffer allocated once in `open`, the letterbox writing straight
+into pinned host memory, and `run` copying the frames of one batch in, executing, and copying the
+outputs out into one of several output sets. What they share is here, once:
+
+* `open`: idempotent under the lock, the request checked before any device is touched, and a
+  failed open releasing what it took (`_abandon_open`) before its own error is raised;
+* the undo stack (`undo`): every acquisition pushes its own release, so `close` and a failed
+  `open` release precisely what was acquired, newest first;
+* the tensors (`DeviceTensor`): one device buffer each, and one pinned host buffer per input set
+  (the image input) or per output set (every output), with typed numpy views of those;
+* `run`: its argument checks, then the device's steps in a fixed order (the hooks below);
+* `close`: bind the device on the closing thread (which may not be the one that opened), unwind,
+  reset, raise the first failure and log the rest.
+
+A backend implements these hooks, and nothing else of the above:
+
+    _open(max_batch, input_sets, output_sets) -> ModelSpec   load, describe, allocate, bind
+    _malloc(nbytes) -> int            device memory (pushing its release)
+    _pinned(nbytes) -> (host, array)  one pinned host buffer (pushing its release) and its bytes
+    _activate(detail)                 bind the device/context to this thread (run, close)
+    _set_batch_for(n)                 what the runtime must know of the batch size (optional)
+    _copy_input(inp, n, input_set)    the first n frames of an input set to the device
+    _execute()                        run the model
+    _copy_output(out, n, output_set)  the first n items of an output to its output set
+    _synchronize()                    wait for the queued work (optional)
+    _output_batch() -> int            the outputs' batch axis in the spec (DYNAMIC or fixed)
+    _imgsz() -> (h, w)                the model's fixed input size
+    _settle()                         process-wide bookkeeping after open/close (optional)
+
+Thread-safety: one lock, `_lock` (re-entrant), held by `open`, `run` and `close`; the hooks run
+under it and take no other lock of ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from ..errors import BackendError
+from ..model.spec import ModelMetadata, ModelSpec, TensorSpec
+from .base import Backend, check_open_request, warn_fixed_imgsz
+from .undo import UndoStack, raise_collected
+
+log = logging.getLogger(__name__)
+
+#: what a backend keeps for one pinned host buffer: its pointer, or an object that knows it
+HostT = TypeVar("HostT")
+
+
+@dataclass
+class DeviceTensor(Generic[HostT]):
+    """One model input or output: its device buffer and its pinned host buffers (typed views)."""
+
+    name: str
+    dtype: np.dtype
+    item_shape: tuple[int, ...]  # one batch item
+    item_bytes: int
+    device_bytes: int  # the device buffer: the largest batch the model runs
+    index: int = 0  # its position among the model's inputs or outputs, where the runtime needs it
+    device_ptr: int = 0
+    hosts: list[HostT] = field(default_factory=list)  # one pinned buffer per input/output set
+    arrays: list[np.ndarray] = field(default_factory=list)  # [capacity, *item_shape] views of them
+
+
+class PinnedDeviceBackend(Backend, Generic[HostT]):
+    #: where the model's input size was fixed, for the warning when `model.imgsz` differs
+    fixed_when = "at conversion"
+
+    def __init__(self, model_path: str, config: Any):
+        super().__init__(str(model_path), config)
+        self._lock = threading.RLock()
+        self._undo = UndoStack()
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        """Forget everything `open` set (a backend extends this with its own handles)."""
+        self._spec: ModelSpec | None = None
+        self._input: DeviceTensor[HostT] | None = None
+        self._outputs: list[DeviceTensor[HostT]] = []
+        self._capacity = 0  # frames per run() call
+
+    # -- open ----------------------------------------------------------------------------------
+    def open(self, max_batch: int = 1, input_hw: tuple[int, int] | None = None, *,
+             input_sets: int = 1, output_sets: int = 1) -> ModelSpec:
+        with self._lock:
+            if self._spec is not None:
+                return self._spec
+            check_open_request(max_batch, input_sets, output_sets)
+            try:
+                spec = self._open(max_batch, input_sets, output_sets)
+            except BaseException:
+                self._abandon_open()
+                raise
+            self._settle()
+            warn_fixed_imgsz(self.model_path, input_hw, spec.metadata.imgsz, self.fixed_when)
+            return spec
+
+    def _abandon_open(self) -> None:
+        """Release what a failed `open` took; the open's own error is the one raised."""
+        errors = self._undo.unwind()
+        self._reset_state()
+        try:
+            self._settle()
+        except Exception as exc:  # noqa: BLE001 - logged below; the open's error takes precedence
+            errors.append(exc)
+        for err in errors:
+            log.error("while releasing after a failed open of %s: %s", self.model_path, err)
+
+    @abstractmethod
+    def _open(self, max_batch: int, input_sets: int, output_sets: int) -> ModelSpec:
+        """Everything `open` does on the device; each acquisition pushes its undo step."""
+
+    def _settle(self) -> None:
+        """After an open, a failed open, or a close of a backend never opened: bookkeeping shared
+        by the process's backends (Ascend's acl.init/finalize). Nothing by default."""
+
+    # -- buffers -------------------------------------------------------------------------------
+    def _allocate_sets(self, input_sets: int, output_sets: int) -> None:
+        """One device buffer per tensor; pinned host buffers for `capacity` frames, one per input
+        set (the image input) and per output set (every output), with their typed views."""
+        inp = self._image
+        for tensor, sets in ((inp, input_sets), *((o, output_sets) for o in self._outputs)):
+            tensor.device_ptr = self._malloc(tensor.device_bytes)
+            host_bytes = self._capacity * tensor.item_bytes
+            for _ in range(sets):
+                host, raw = self._pinned(host_bytes)
+                tensor.hosts.append(host)
+                tensor.arrays.append(raw[:host_bytes].view(tensor.dtype).reshape(self._capacity, *tensor.item_shape))
+
+    @abstractmethod
+    def _malloc(self, nbytes: int) -> int:
+        """`nbytes` of device memory; pushes its release."""
+
+    @abstractmethod
+    def _pinned(self, nbytes: int) -> tuple[HostT, np.ndarray]:
+        """`nbytes` of pinned host memory (pushing its release): what the tensor keeps of it, and
+        a uint8 array of at least `nbytes` that the typed views are cut from."""
+
+    def _model_spec(self) -> ModelSpec:
+        inp = self._image
+        batch = self._output_batch()
+        return ModelSpec(
+            self.model_path,
+            (TensorSpec(inp.name, (self._capacity, *inp.item_shape), inp.dtype),),
+            tuple(TensorSpec(o.name, (batch, *o.item_shape), o.dtype) for o in self._outputs),
+            ModelMetadata(imgsz=self._imgsz()))
+
+    @abstractmethod
+    def _output_batch(self) -> int:
+        """The batch axis of the outputs in the spec: DYNAMIC, or the model's fixed batch."""
+
+    @abstractmethod
+    def _imgsz(self) -> tuple[int, int]:
+        """(height, width) of the image the model takes."""
+
+    # -- running -------------------------------------------------------------------------------
+    @property
+    def _image(self) -> DeviceTensor[HostT]:
+        """The image input: set by `_open` (describing the model), cleared by `close`."""
+        if self._input is None:
+            raise BackendError("backend is not open")
+        return self._input
+
+    @property
+    def input_buffers(self) -> list[np.ndarray]:
+        if self._spec is None:
+            raise BackendError("backend is not open")
+        return self._image.arrays
+
+    @property
+    def max_batch(self) -> int:
+        return self._capacity if self._spec is not None else 0
+
+    def run(self, n: int, input_set: int = 0, output_set: int = 0) -> list[np.ndarray]:
+        with self._lock:
+            inp = self._input
+            if self._spec is None or inp is None:
+                raise BackendError("backend is not open")
+            if not 1 <= n <= self._capacity:
+                raise BackendError(f"batch of {n} outside 1..{self._capacity}")
+            if not 0 <= input_set < len(inp.hosts):
+                raise BackendError(f"input set {input_set} outside 0..{len(inp.hosts) - 1}")
+            if not 0 <= output_set < len(self._outputs[0].hosts):
+                raise BackendError(f"output set {output_set} outside 0..{len(self._outputs[0].hosts) - 1}")
+            self._activate()
+            self._set_batch_for(n)
+            self._copy_input(inp, n, input_set)
+            self._execute()
+            for out in self._outputs:
+                self._copy_output(out, n, output_set)
+            self._synchronize()
+            return [out.arrays[output_set][:n] for out in self._outputs]
+
+    @abstractmethod
+    def _activate(self, detail: str = "") -> None:
+        """Bind the device (or context) to the calling thread; BackendError when refused."""
+
+    def _set_batch_for(self, n: int) -> None:
+        """Tell the runtime the batch size a run of `n` frames executes; nothing by default."""
+
+    @abstractmethod
+    def _copy_input(self, inp: DeviceTensor[HostT], n: int, input_set: int) -> None:
+        """The first `n` frames of input set `input_set` to the device buffer."""
+
+    @abstractmethod
+    def _execute(self) -> None:
+        """Run the model on the device buffers."""
+
+    @abstractmethod
+    def _copy_output(self, out: DeviceTensor[HostT], n: int, output_set: int) -> None:
+        """The first `n` items of `out` from the device into output set `output_set`."""
+
+    def _synchronize(self) -> None:
+        """Wait for the work queued by the steps above; nothing by default (they were synchronous)."""
+
+    # -- closing -------------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            if not self._undo:
+                self._settle()  # closed without (successfully) opening
+                return
+            errors: list[Exception] = []
+            try:  # teardown may run on another thread than open: release on the device that allocated
+                self._activate("before teardown")
+            except BackendError as failed:
+                errors.append(failed)
+            errors += self._undo.unwind()
+            self._reset_state()
+            raise_collected(errors, self.model_path)
