@@ -82,6 +82,15 @@ class Drain:
                        if spool.discarded_bytes else "")
         return spool
 
+    def connect_summary(self, state: int, waiting: int) -> str:
+        """What a connect line says about the messages that waited for it."""
+        if not waiting:
+            return f", sent {state} retained message(s) of state" if state > 1 else ""
+        pace = (f"at up to {self._config.drain_rate:g} a second" if not self.pacer.unlimited
+                else "as fast as the broker takes them")
+        return (f", sent {state} retained message(s) of state; {waiting} waiting message(s) "
+                f"follow {pace}")
+
     @property
     def spooling(self) -> bool:
         return self.spool is not None and self.thread is not None

@@ -53,7 +53,8 @@ Design (the why behind the code below; docs/integrations/mqtt.md has the topics 
 * No CONNACK: paho closes a connection whose CONNACK has not come `keepalive_s` after CONNECT
   (its keep-alive check), and a server that is not an MQTT broker (HTTP, a TLS port spoken to
   in clear) closes it or sends what paho rejects. paho reports all of these only as a disconnect
-  without a connect, so `_on_disconnect` turns them into `last_error` and one warning per outage.
+  without a connect, so its disconnect callback (callbacks.py) turns them into `last_error` and
+  one warning per outage.
 * Nothing but acknowledgements comes in (publish/inbound.py): we subscribe to nothing, so a
   PUBLISH from the broker, a packet type a broker never sends to a publisher, or a packet larger
   than MAX_INBOUND_PACKET_BYTES drops the connection before its body is read (a hostile broker or
@@ -81,14 +82,16 @@ Design (the why behind the code below; docs/integrations/mqtt.md has the topics 
   removed during an outage is still removed. They bypass the spool and the queue limits like the
   status: they are few, and rebuilt from the registry on every connect.
 
-Who does what: this module keeps the client's lifecycle (start, stop), its public publishing API
-and paho's callbacks; the outbox (outbox.py: ordering, limits, replay), the drain (drain.py:
-the paced hand-over and the spool as the outbox), the link's health (link_health.py: back-off,
-flaps, short-lived connections, ack stalls, no-CONNACK diagnoses, a typed `LinkHealth`), the
-diagnostics (diagnostics.py: the error book and the drop count) and building and stopping the
-paho client (paho_client.py) each do one of the jobs above. Home Assistant's objects-in-view
-counting is the Home Assistant sink's (routing/sinks/homeassistant.py): the client only hands
-discovery messages over (`publish_discovery`).
+Who does what: this module keeps the client's lifecycle (start, stop) and its public publishing
+API; paho's callbacks (callbacks.py: CONNACK, failed attempts, lost connections, acknowledgements,
+each turned into events of the parts below), the outbox (outbox.py: ordering, limits, replay),
+the drain (drain.py: the paced hand-over and the spool as the outbox), the link's health
+(link_health.py: back-off, flaps, short-lived connections, ack stalls, no-CONNACK diagnoses, a
+typed `LinkHealth`), the diagnostics (diagnostics.py: the error book and the drop count) and
+building and stopping the paho client (paho_client.py) each do one of the jobs above. Home
+Assistant's objects-in-view counting is the Home Assistant sink's
+(routing/sinks/homeassistant.py): the client only hands discovery messages over
+(`publish_discovery`).
 
 Locks: `_send_lock` (re-entrant) serialises everything that hands messages to paho, including
 the replay in `on_connect` and the drain. `_lock` (a Condition, shared with the outbox, the drain
@@ -102,11 +105,9 @@ error book, the spool and the Home Assistant registry are leaves too, taken with
 from __future__ import annotations
 
 import enum
-import functools
 import json
 import logging
 import random
-import sys
 import threading
 import time
 from typing import Any, Callable
@@ -115,10 +116,10 @@ import paho.mqtt.client as mqtt
 
 from ..config.schema import MqttConfig
 from ..timeutil import utc_timestamp
-from .diagnostics import Diagnostics, ErrorKind
+from .callbacks import PahoCallbacks
+from .diagnostics import Diagnostics
 from .drain import SPOOL_SYNC_INTERVAL_S, Drain
 from .homeassistant import DISCOVERY_QOS, Discovery, Message, Renderer
-from .inbound import GuardedClient
 from .link_health import LinkHealth, LinkMonitor
 from .outbox import Outbox, Outgoing
 from .paho_client import new_client, shutdown
@@ -188,21 +189,6 @@ def _check_topic(topic: str) -> None:
         raise ValueError(f"MQTT topic longer than {_MAX_TOPIC_BYTES} bytes")
 
 
-def _callback(method: Callable[..., None]) -> Callable[..., None]:
-    """Wrap a paho callback: an exception escaping one ends paho's network thread, after which
-    the daemon would never publish again. It is logged with its traceback and kept in
-    stats()["last_error"] instead."""
-
-    @functools.wraps(method)
-    def wrapper(self: "MqttPublisher", *args: Any) -> None:
-        try:
-            method(self, *args)
-        except Exception as exc:  # noqa: BLE001 - logged with traceback and reported in stats
-            self._diag.internal(f"internal error in {method.__name__}: {exc!r}")
-
-    return wrapper
-
-
 class MqttPublisher:
     """One MQTT connection for the whole daemon; thread-safe (any thread may publish)."""
 
@@ -237,6 +223,9 @@ class MqttPublisher:
         self._ha: Renderer | None = None
         if config.homeassistant is not None:
             self._ha = Renderer(config.homeassistant, self.topics, self._discovery)
+        self._callbacks = PahoCallbacks(self.broker, self._send_lock, self._lock, self._out,
+                                        self._drain, self._link, self._diag, self._ha,
+                                        self.publish_discovery)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -259,10 +248,7 @@ class MqttPublisher:
         """The paho client (paho_client.py) with our callbacks."""
         client = new_client(self._config, self.client_id, self.topics.status,
                             self._status_payload(DeviceStatus.OFFLINE), STATUS_QOS)
-        client.on_connect = self._on_connect
-        client.on_connect_fail = self._on_connect_fail
-        client.on_disconnect = self._on_disconnect
-        client.on_publish = self._on_publish
+        self._callbacks.attach(client)
         return client
 
     def stop(self, timeout_s: float, final_status: DeviceStatus | str | None = DeviceStatus.STOPPED
@@ -463,99 +449,6 @@ class MqttPublisher:
                 "unstable": link.unstable,
                 "broker": self.broker,
             }
-
-    # ------------------------------------------------------------------ paho callbacks
-
-    @_callback
-    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
-                    properties: Any) -> None:
-        """CONNACK: on success send the state at once and let the backlog follow at its pace
-        (see the module docstring); on refusal report the broker's reason."""
-        with self._lock:
-            self._link.connack_seen = True
-        if reason_code.is_failure:
-            self._diag.record(ErrorKind.CONNECTION,
-                              f"connection refused by {self.broker}: {reason_code} "
-                              f"(reason code {reason_code.value}); retrying")
-            return
-        announce = self._ha.everything() if self._ha is not None else []
-        with self._send_lock:
-            self._link.connected()
-            state = self._out.replay(client, {m.topic for m in announce})
-            with self._lock:
-                quiet = self._link.mark_ready_locked()
-                waiting = self._out.backlog_locked()
-                self._lock.notify_all()  # the drain thread hands over the backlog
-            if announce:  # every config and the last counts, right after the replay
-                self.publish_discovery(announce)
-        logger.log(logging.DEBUG if quiet else logging.INFO, "MQTT: connected to %s%s",
-                   self.broker, self._connect_summary(state, waiting))
-
-    def _connect_summary(self, state: int, waiting: int) -> str:
-        """What a connect line says about the messages that waited for it."""
-        if not waiting:
-            return f", sent {state} retained message(s) of state" if state > 1 else ""
-        pace = (f"at up to {self._config.drain_rate:g} a second" if not self._drain.pacer.unlimited
-                else "as fast as the broker takes them")
-        return (f", sent {state} retained message(s) of state; {waiting} waiting message(s) "
-                f"follow {pace}")
-
-    @_callback
-    def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
-        """A (re)connect attempt failed before any CONNACK: unreachable, refused, TLS error.
-        paho calls this inside its `except OSError`, so the exception is still at hand."""
-        exc = sys.exc_info()[1]
-        with self._lock:
-            closing = self._out.closed
-        if closing:  # an attempt that was under way when stop() began: no news
-            logger.debug("MQTT: connection attempt during stop failed: %r", exc)
-            return
-        self._schedule_reconnect(client, None)
-        self._diag.record(ErrorKind.CONNECTION,
-                          f"cannot connect to {self.broker}: {exc!r}{self._link.tls_hint(exc)}; "
-                          f"retrying")
-
-    @_callback
-    def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
-                       properties: Any) -> None:
-        """Connection gone: new messages go to the outbox until the next CONNACK. Gone before
-        any CONNACK is the "not an MQTT broker" class (see the module docstring); dropped by the
-        inbound guard, its reason (publish/inbound.py)."""
-        refusal = client.take_refusal() if isinstance(client, GuardedClient) else None
-        with self._lock:
-            was_connected, connack_seen, lasted = self._link.disconnected_locked()
-            closing = self._out.closed
-            self._diag.errors.resolve(ErrorKind.ACK_STALL)
-            self._lock.notify_all()
-        if closing:
-            logger.debug("MQTT: disconnected from %s (%s)", self.broker, reason_code)
-            return
-        self._schedule_reconnect(client, lasted)
-        if refusal is not None:
-            self._diag.record(ErrorKind.REFUSED,
-                              f"broker {self.broker} {refusal}; disconnected, reconnecting")
-        elif was_connected:
-            self._link.connection_lost(str(reason_code))
-        elif not connack_seen:  # a refusal (a CONNACK) was reported by _on_connect already
-            self._diag.record(ErrorKind.CONNECTION, self._link.no_connack_error(str(reason_code)))
-
-    def _schedule_reconnect(self, client: mqtt.Client, lasted: float | None) -> None:
-        """Set paho's wait before its next attempt (see the module docstring); paho calls the
-        failure callbacks before it waits."""
-        delay = self._link.schedule_reconnect(lasted)
-        client.reconnect_delay_set(delay, delay)  # type: ignore[arg-type]
-
-    @_callback
-    def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason_code: Any,
-                    properties: Any) -> None:
-        """Broker acknowledged (QoS >= 1) or paho wrote (QoS 0) message `mid`."""
-        with self._lock:
-            self._out.acknowledged(mid)
-            resumed = self._link.acknowledged_locked()
-            self._lock.notify_all()
-        if resumed:
-            self._diag.errors.resolve(ErrorKind.ACK_STALL)
-            logger.info("MQTT: %s acknowledges messages again", self.broker)
 
 
 def _check_config(config: MqttConfig) -> None:

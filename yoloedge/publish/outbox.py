@@ -5,8 +5,8 @@ queue limits, the newest copy of each retained topic, and the replay on a CONNAC
 
 Why its own class: every message is in exactly one place (this outbox, paho's unacknowledged set
 tracked here as `pending`, or the spool), and the counting that keeps that true is one job; the
-client's lifecycle and callbacks (mqtt.py), the link's health (link_health.py) and the paced
-hand-over of the backlog (drain.py) only call it.
+client's lifecycle (mqtt.py), its callbacks (callbacks.py), the link's health (link_health.py)
+and the paced hand-over of the backlog (drain.py) only call it.
 
 Locks: the client's `_send_lock` (re-entrant) is held around everything that hands messages to
 paho (`send`, `replay`, `hand_over`); `lock` (the client's `_lock`, a Condition) guards every field
