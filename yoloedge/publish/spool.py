@@ -56,9 +56,11 @@ client may still arrive), never retried forever, so delivery goes on with the ne
 The directory (and its lock) is created again when it is gone, at the next new segment or `sync()`;
 appends never go on into a deleted segment file (its records could not be read back).
 
-Classes: `Spool` is the running log (append, read back, acknowledge, fsync); `_Recovery` is what
-`open` reads of a previous run, once; `SpoolDirectory` is the directory and its lock. The last two
-are called only under the spool's lock (or in `open`, before anyone else can use it).
+Classes: `Spool` is the running log (append, acknowledge, fsync, and the counters); `_Reader` is its
+read-back side (the cursor and the decoded records of the segment being read); `_FsyncTicks` says
+which records are due for an fsync; `_Recovery` is what `open` reads of a previous run, once;
+`SpoolDirectory` is the directory and its lock. All but `Spool` are called only under the spool's
+lock (or in `open`, before anyone else can use it).
 
 Thread-safe: one internal lock, a leaf (no callback, log call or other lock is taken while it is
 held: what recovery has to say is logged once `open` has released it), held only for memory and
@@ -506,6 +508,80 @@ class _Recovery:
                            "(the newest %d are kept)", self.directory, name, CORRUPT_KEPT)
 
 
+class _Reader:
+    """The read-back side of the spool: the cursor (the next seq `read` hands out) and the decoded
+    records of the segment being read, so a backlog is read from disk once, not per batch. Used
+    under the spool's `_lock`; records that can no longer be read back are given up through
+    `lose` (the module docstring's "Files changed under it")."""
+
+    def __init__(self, lose: Callable[[_Segment, int], None]):
+        self.cursor = 0  # next seq to hand out by read(); read lock-free by Spool.has_unsent
+        self._lose = lose
+        self._cache: tuple[_Segment, list[tuple[int, Record]], int] | None = None
+
+    def read(self, segments: list[_Segment], max_records: int, max_bytes: int
+             ) -> list[tuple[int, Record]]:
+        """See Spool.read."""
+        out: list[tuple[int, Record]] = []
+        size = 0
+        for segment in segments:
+            if segment.end_seq <= self.cursor:
+                continue
+            records = self._records(segment)
+            for index in range(max(0, self.cursor - segment.first_seq), len(records)):
+                seq, record = records[index]
+                if out and (len(out) >= max_records or size + len(record.payload) > max_bytes):
+                    return out
+                self.cursor = seq + 1
+                if seq in segment.acked:
+                    continue
+                out.append((seq, record))
+                size += len(record.payload)
+            if len(records) < segment.count:  # the rest could not be read: lost, skip it
+                self.cursor = max(self.cursor, segment.end_seq)
+            if len(out) >= max_records:
+                break
+        return out
+
+    def _records(self, segment: _Segment) -> list[tuple[int, Record]]:
+        """The segment's records, decoded once: the segment being read is cached, and the open
+        one is read on from where the cache ends."""
+        cache = self._cache
+        if cache is None or cache[0] is not segment:
+            cache = self._cache = (segment, [], 0)
+        _, records, offset = cache
+        if offset < segment.size:
+            try:
+                scan = read_segment(segment.path, offset, end=segment.size,
+                                    first_seq=segment.first_seq + len(records))
+                more, offset = scan.records, scan.valid_end
+            except OSError:  # deleted, replaced by a directory or a FIFO, a read error
+                more = []
+            records.extend(more)
+            self._cache = (segment, records, offset)
+            if offset < segment.size:  # truncated, damaged or unreadable from here on
+                self._lose(segment, segment.first_seq + len(records))
+        return records
+
+    def deleted(self, segment: _Segment, segments: list[_Segment], next_seq: int) -> None:
+        """`segment` is gone (already removed from `segments`): forget its records, and move the
+        cursor past it."""
+        if self._cache is not None and self._cache[0] is segment:
+            self._cache = None
+        self.cursor = max(self.cursor, segments[0].first_seq) if segments else next_seq
+
+    def take(self, seq: int) -> bool:
+        """See Spool.take."""
+        if self.cursor != seq:
+            return False
+        self.cursor = seq + 1
+        return True
+
+    def rewind(self, seq: int, segments: list[_Segment]) -> None:
+        """See Spool.rewind."""
+        self.cursor = min(self.cursor, max(seq, segments[0].first_seq if segments else seq))
+
+
 class _FsyncTicks:
     """When records are due for an fsync (the module docstring's "Durability"): at a tick, about
     once per `interval_s`, the records written before the previous tick; at a forced sync, all.
@@ -517,21 +593,36 @@ class _FsyncTicks:
         self._last = clock()
         self._watermark = 0  # the spool's next seq at the last tick: older records are due
 
-    def start(self, force: bool) -> float | None:
-        """The time of this tick, or None when it is not time for one yet."""
+    def due(self, segments: list[_Segment], next_seq: int, force: bool,
+            descriptor: Callable[[_Segment], int]) -> list[tuple[_Segment, int, int]]:
+        """The segments to fsync now, each with the seq its fsync makes durable up to and a
+        descriptor of its own (`descriptor`), so the fsync can run while appends and deletions
+        go on; none when it is not time for a tick yet. `next_seq`: the spool's next seq."""
         now = self._clock()
         if not force and now - self._last < self.interval_s:
-            return None
-        return now
-
-    def due_upto(self, end_seq: int, force: bool) -> int:
-        """The seq below which a segment ending at `end_seq` is due for its fsync now."""
-        return end_seq if force else min(self._watermark, end_seq)
-
-    def done(self, now: float, next_seq: int, force: bool) -> None:
-        """A tick went through (a forced sync is not a tick)."""
-        if not force:
+            return []
+        due: list[tuple[_Segment, int, int]] = []
+        try:
+            for segment in segments:
+                # fsync only for records still unacknowledged a whole interval after they were
+                # written: during an outage every record; on a healthy link none, so no disk writes.
+                upto = segment.end_seq if force else min(self._watermark, segment.end_seq)
+                seqs = range(max(segment.synced_upto, segment.first_seq), upto)
+                if any(seq not in segment.acked for seq in seqs):
+                    try:
+                        fd = descriptor(segment)
+                    except OSError:  # changed under us: Spool._verify_locked sees it next tick
+                        continue
+                    due.append((segment, segment.end_seq, fd))
+                elif seqs:
+                    segment.synced_upto = seqs.stop  # all acknowledged: never needs an fsync
+        except BaseException:
+            for _, _, fd in due:
+                os.close(fd)
+            raise
+        if not force:  # a tick went through (a forced sync is not a tick)
             self._watermark, self._last = next_seq, now
+        return due
 
 
 class Spool:
@@ -553,10 +644,9 @@ class Spool:
         self._segments: list[_Segment] = []  # oldest first; the last one may be open for appends
         self._file: int | None = None  # fd of the open (last) segment
         self._dir = SpoolDirectory(directory)  # its flock, held while open
-        self._read_cache: tuple[_Segment, list[tuple[int, Record]], int] | None = None
         self._dir_dirty = False  # a segment was created since the directory's last fsync
         self._next_seq = 0
-        self._cursor = 0  # next seq to hand out by read()
+        self._reader = _Reader(self._lose_locked)
         self._bytes = 0
         self._unacked = 0  # records not acknowledged, kept current under _lock, read without it
         self.recovered = 0
@@ -587,7 +677,7 @@ class Spool:
                     self.set_aside, self.skipped = found.set_aside, found.skipped
                     self.discarded_bytes += found.discarded_bytes
                 self.recovered = self._unacked = sum(s.count for s in self._segments)
-                self._cursor = self._segments[0].first_seq if self._segments else self._next_seq
+                self._reader.cursor = self._segments[0].first_seq if self._segments else self._next_seq
                 return self.recovered
         except BaseException:
             # A lock left behind would make every later open in this process (a reload, its
@@ -705,8 +795,6 @@ class Spool:
             self._delete(oldest)
 
     def _delete(self, segment: _Segment) -> None:
-        if self._read_cache is not None and self._read_cache[0] is segment:
-            self._read_cache = None
         self._segments.remove(segment)
         self._bytes -= segment.size
         self._unacked -= segment.unacked
@@ -715,10 +803,7 @@ class Spool:
                 os.unlink(segment.path)
         except OSError:
             pass  # gone already
-        if self._segments:
-            self._cursor = max(self._cursor, self._segments[0].first_seq)
-        else:
-            self._cursor = self._next_seq
+        self._reader.deleted(segment, self._segments, self._next_seq)
 
     # ------------------------------------------------------------------ reading and acks
 
@@ -726,46 +811,7 @@ class Spool:
         """Up to `max_records` not yet handed out (and not acknowledged), oldest first, about
         `max_bytes` of payload at most (always at least one); advances the cursor past them."""
         with self._lock:
-            out: list[tuple[int, Record]] = []
-            size = 0
-            for segment in self._segments:
-                if segment.end_seq <= self._cursor:
-                    continue
-                records = self._records(segment)
-                for index in range(max(0, self._cursor - segment.first_seq), len(records)):
-                    seq, record = records[index]
-                    if out and (len(out) >= max_records or size + len(record.payload) > max_bytes):
-                        return out
-                    self._cursor = seq + 1
-                    if seq in segment.acked:
-                        continue
-                    out.append((seq, record))
-                    size += len(record.payload)
-                if len(records) < segment.count:  # the rest could not be read: lost, skip it
-                    self._cursor = max(self._cursor, segment.end_seq)
-                if len(out) >= max_records:
-                    break
-            return out
-
-    def _records(self, segment: _Segment) -> list[tuple[int, Record]]:
-        """The segment's records, decoded once: the segment being read is cached, and the open
-        one is read on from where the cache ends, so a backlog is read once, not per batch."""
-        cache = self._read_cache
-        if cache is None or cache[0] is not segment:
-            cache = self._read_cache = (segment, [], 0)
-        _, records, offset = cache
-        if offset < segment.size:
-            try:
-                scan = read_segment(segment.path, offset, end=segment.size,
-                                    first_seq=segment.first_seq + len(records))
-                more, offset = scan.records, scan.valid_end
-            except OSError:  # deleted, replaced by a directory or a FIFO, a read error
-                more = []
-            records.extend(more)
-            self._read_cache = (segment, records, offset)
-            if offset < segment.size:  # truncated, damaged or unreadable from here on
-                self._lose_locked(segment, segment.first_seq + len(records))
-        return records
+            return self._reader.read(self._segments, max_records, max_bytes)
 
     def _lose_locked(self, segment: _Segment, from_seq: int) -> None:
         """Give up the records of `segment` from `from_seq` on: count the unacknowledged ones in
@@ -802,16 +848,13 @@ class Spool:
         """Hand out `seq` without reading it back (the caller has the record): True when it is
         the next one to hand out, i.e. nothing older is waiting."""
         with self._lock:
-            if self._cursor != seq:
-                return False
-            self._cursor = seq + 1
-            return True
+            return self._reader.take(seq)
 
     def rewind(self, seq: int) -> None:
         """Hand out records again from `seq` on (after a lost connection); acknowledged ones are
         skipped by read()."""
         with self._lock:
-            self._cursor = min(self._cursor, max(seq, self._segments[0].first_seq if self._segments else seq))
+            self._reader.rewind(seq, self._segments)
 
     def ack(self, seq: int) -> None:
         """The broker acknowledged `seq`; its segment is deleted by sync() once all are."""
@@ -830,7 +873,7 @@ class Spool:
             with self._lock:
                 self._verify_locked()
                 self._delete_done_locked()
-                due = self._due_locked(force)
+                due = self._ticks.due(self._segments, self._next_seq, force, self._descriptor)
                 sync_dir = bool(due) and self._dir_dirty
                 self._dir_dirty = self._dir_dirty and not sync_dir
             try:
@@ -850,38 +893,10 @@ class Spool:
     def _delete_done_locked(self) -> None:
         for segment in list(self._segments):
             is_open = segment is self._segments[-1] and self._file is not None
-            if segment.done and (not is_open or self._cursor >= self._next_seq):
+            if segment.done and (not is_open or self._reader.cursor >= self._next_seq):
                 if is_open:
                     self._close_file()
                 self._delete(segment)
-
-    def _due_locked(self, force: bool) -> list[tuple[_Segment, int, int]]:
-        """The segments to fsync now, each with the seq its fsync makes durable up to and a
-        descriptor of its own, so the fsync can run while appends and deletions go on."""
-        now = self._ticks.start(force)
-        if now is None:
-            return []
-        due: list[tuple[_Segment, int, int]] = []
-        try:
-            for segment in self._segments:
-                # fsync only for records still unacknowledged a whole interval after they were
-                # written: during an outage every record; on a healthy link none, so no disk writes.
-                upto = self._ticks.due_upto(segment.end_seq, force)
-                seqs = range(max(segment.synced_upto, segment.first_seq), upto)
-                if any(seq not in segment.acked for seq in seqs):
-                    try:
-                        fd = self._descriptor(segment)
-                    except OSError:  # changed under us: _verify_locked sees it at the next tick
-                        continue
-                    due.append((segment, segment.end_seq, fd))
-                elif seqs:
-                    segment.synced_upto = seqs.stop  # all acknowledged: never needs an fsync
-        except BaseException:
-            for _, _, fd in due:
-                os.close(fd)
-            raise
-        self._ticks.done(now, self._next_seq, force)
-        return due
 
     def _descriptor(self, segment: _Segment) -> int:
         if segment is self._segments[-1] and self._file is not None:
@@ -896,7 +911,7 @@ class Spool:
 
     @property
     def has_unsent(self) -> bool:
-        return self._cursor < self._next_seq and bool(self._segments)
+        return self._reader.cursor < self._next_seq and bool(self._segments)
 
     @property
     def unacked(self) -> int:
