@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +24,14 @@ def find_mosquitto() -> str | None:
         return found
     candidate = Path("/usr/sbin/mosquitto")
     return str(candidate) if candidate.exists() else None
+
+
+def mosquitto_or_say(command: str) -> str | None:
+    """The mosquitto binary, or None after telling stderr that `command` needs it and how to install it."""
+    binary = find_mosquitto()
+    if binary is None:
+        print(f"{command}: needs the mosquitto MQTT broker ({INSTALL_HINT})", file=sys.stderr)
+    return binary
 
 
 def free_port() -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import cv2
 
-from ..localbroker import INSTALL_HINT, find_mosquitto, free_port, start_broker
+from ..localbroker import free_port, mosquitto_or_say, start_broker
 from .host import sample_process
 from .pipeline import SETTLE_S, STEADY, Daemon, Subscriber, bench_config, steady_ratios
 
@@ -52,9 +52,8 @@ def main(args: argparse.Namespace) -> int:
         if not os.path.isfile(path):
             print(f"yoloedge bench e2e: no such file: {path}", file=sys.stderr)
             return 2
-    binary = find_mosquitto()
+    binary = mosquitto_or_say("yoloedge bench e2e")
     if binary is None:
-        print(f"yoloedge bench e2e: needs the mosquitto MQTT broker ({INSTALL_HINT})", file=sys.stderr)
         return 2
     bare = BareLoop(model, _first_frame(clip), args.threads)
     with tempfile.TemporaryDirectory(prefix="yoloedge-e2e-") as tmp:

@@ -38,7 +38,7 @@ from pathlib import Path
 import cv2
 
 from ..control.client import ControlError, request
-from ..localbroker import INSTALL_HINT, find_mosquitto, free_port, start_broker
+from ..localbroker import free_port, mosquitto_or_say, start_broker
 from .clips import CODEC_HINTS, CODECS, make_codec_clip
 from .host import ProcSample, sample_process
 from .pipeline import Daemon, bench_config
@@ -114,9 +114,8 @@ def main(args: argparse.Namespace) -> int:
     if problem:
         print(f"yoloedge bench memory: {problem}", file=sys.stderr)
         return 2
-    binary = find_mosquitto()
+    binary = mosquitto_or_say("yoloedge bench memory")
     if binary is None:
-        print(f"yoloedge bench memory: needs the mosquitto MQTT broker ({INSTALL_HINT})", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="yoloedge-bench-memory-") as tmp:
         workdir = Path(tmp)

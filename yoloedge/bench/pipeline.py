@@ -39,7 +39,7 @@ import cv2
 import yaml
 
 from ..control.client import ControlError, request
-from ..localbroker import HOST, INSTALL_HINT, find_mosquitto, free_port, start_broker
+from ..localbroker import HOST, free_port, mosquitto_or_say, start_broker
 from .host import Ceiling, ProcSample, host_ceiling, sample_process
 
 DEVICE_ID = "bench"
@@ -140,9 +140,8 @@ def main(args: argparse.Namespace) -> int:
                    aipp=args.aipp, input_buffers=args.input_buffers, preprocess_threads=args.preprocess_threads,
                    seconds=args.seconds, warmup=args.warmup, sample=args.sample,
                    ceiling_seconds=args.ceiling_seconds, rounds=max(1, args.rounds), baseline=not args.no_baseline)
-    binary = find_mosquitto()
+    binary = mosquitto_or_say("yoloedge bench pipeline")
     if binary is None:
-        print(f"yoloedge bench pipeline: needs the mosquitto MQTT broker ({INSTALL_HINT})", file=sys.stderr)
         return 2
     for path in filter(None, (opts.model, opts.image, opts.clip)):
         if not os.path.isfile(path):

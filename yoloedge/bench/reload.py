@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-from ..localbroker import INSTALL_HINT, find_mosquitto, free_port, start_broker
+from ..localbroker import free_port, mosquitto_or_say, start_broker
 from .host import ProcSample, sample_process
 from .pipeline import Daemon, bench_config
 
@@ -46,9 +45,8 @@ def add_parser(bsub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    binary = find_mosquitto()
+    binary = mosquitto_or_say("yoloedge bench reload")
     if binary is None:
-        print(f"yoloedge bench reload: needs the mosquitto MQTT broker ({INSTALL_HINT})", file=sys.stderr)
         return 2
     cameras = [{"name": f"cam{i}", "url": f"synthetic://{args.size}?fps={args.fps:g}"} for i in range(args.cameras)]
     with tempfile.TemporaryDirectory(prefix="yoloedge-reload-") as tmp:

@@ -17,9 +17,9 @@ The loader keeps the validated values as a plain mapping in `AcceleratorConfig.o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from .fields import INVALID, Boolean, Choice, Context, Key, Text, read_section
+from .fields import INVALID, Boolean, Choice, Context, Key, Text
 from .yamltree import Item
 
 EXECUTE_MODES = ("sync", "async")
@@ -50,25 +50,19 @@ def read_source_onnx(ctx: Context, item: Item) -> Any:
     return ctx.resolve_path(text)
 
 
+def source_onnx_key(made_from: str) -> Key:
+    """The `source_onnx` key of a converted model's section (`ascend:`, `tensorrt:`); `made_from`
+    says how the model came from it."""
+    return Key(read_source_onnx,
+               f"the ONNX {made_from}, for `yoloedge verify`; taken from the config file's folder, not checked here",
+               type="path or null")
+
+
 ASCEND_FIELDS: dict[str, Key] = {
     "execute": Key(Choice(EXECUTE_MODES),
                    "`acl.mdl.execute`, or `execute_async` on the worker's stream then `synchronize_stream`"),
-    "source_onnx": Key(read_source_onnx,
-                       "the ONNX the `.om` was converted from, for `yoloedge verify`; taken from the config file's "
-                       "folder, not checked here",
-                       type="path or null"),
+    "source_onnx": source_onnx_key("the `.om` was converted from"),
     "telemetry": Key(Boolean(),
                      "add `npu-smi info` (health, temperature, power, memory, AI-core use; cached 5 s) to the "
                      "worker's status"),
 }
-
-
-def read_ascend_section(ctx: Context, item: Item | None) -> Any:
-    """The validated `ascend:` mapping (absent or null: all defaults); INVALID after a report."""
-    return read_section(ctx, item, ASCEND_FIELDS)
-
-
-def ascend_config(options: Mapping[str, Any], device: int) -> AscendConfig:
-    """The backend's settings for one device, from the validated section (an unknown key is a
-    TypeError: the loader lets none through, so it would be a programming error)."""
-    return AscendConfig(**{**dict(options), "device_id": device})

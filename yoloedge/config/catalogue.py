@@ -24,11 +24,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..runtime import module_installed
-from .ascend import ascend_config, read_ascend_section
-from .fields import Context
+from .ascend import ASCEND_FIELDS, AscendConfig
+from .fields import Context, Reader, read_section
 from .ort import ONNXRUNTIME_FIELDS, read_onnxruntime_settings
-from .simulated import read_simulated_section, simulated_config
-from .tensorrt import read_tensorrt_section, tensorrt_config
+from .providers import PROVIDER_TABLE
+from .simulated import SIMULATED_FIELDS, SimulatedConfig
+from .tensorrt import TENSORRT_FIELDS, TensorRTConfig
 from .yamltree import Item
 
 if TYPE_CHECKING:
@@ -64,16 +65,28 @@ class BackendEntry:
         return next((module for module in self.runtime_modules if not module_installed(module)), None)
 
 
-def _section_reader(key: str, read: Callable[[Context, Item | None], Any]) -> Callable[..., dict[str, Any]]:
+def _section_settings(key: str, fields: Mapping[str, Reader], config_class: Callable[..., Any]) -> dict[str, Any]:
+    """The settings fields of the entry of a backend whose settings are one accelerator section
+    (`ascend:`, `tensorrt:`, `simulated:`): validated with `fields` into `AcceleratorConfig.options`
+    (absent or null: all defaults; INVALID after a report), and handed to the backend as
+    `config_class` with the device index added (an unknown key is a TypeError: the loader lets
+    none through, so it would be a programming error)."""
     def read_settings(ctx: Context, entries: dict[str, Item]) -> dict[str, Any]:
-        return {"options": read(ctx, entries.get(key))}
-    return read_settings
+        return {"options": read_section(ctx, entries.get(key), fields)}
 
-
-def _section_device_config(make: Callable[[Mapping[str, Any], int], Any]) -> Callable[..., Any]:
     def device_config(accelerator: AcceleratorConfig, device: int) -> Any:
-        return make(accelerator.options, device)
-    return device_config
+        return config_class(**{**dict(accelerator.options), "device_id": device})
+
+    return {"settings_keys": (key,), "read_settings": read_settings, "device_config": device_config}
+
+
+def _onnxruntime_install() -> str:
+    """What to install for ONNX Runtime: each build of the provider table, with its providers."""
+    builds: dict[str, list[str]] = {}
+    for provider in PROVIDER_TABLE:
+        builds.setdefault(provider.distribution, []).append(provider.name)
+    choices = [f"{distribution} ({', '.join(names)})" for distribution, names in builds.items()]
+    return f"pip install the ONNX Runtime build for the provider: {', '.join(choices[:-1])} or {choices[-1]}"
 
 
 def _onnxruntime_settings(ctx: Context, entries: dict[str, Item]) -> dict[str, Any]:
@@ -89,7 +102,7 @@ CATALOGUE: dict[str, BackendEntry] = {entry.name: entry for entry in (
         name="onnxruntime", module="yoloedge.backends.onnxruntime", class_name="OnnxRuntimeBackend",
         summary="ONNX Runtime: CPU, or NVIDIA (CUDA, TensorRT) and AMD (MIGraphX) GPUs through its providers",
         model_suffixes=(".onnx",), runtime_modules=("onnxruntime",),
-        install="pip install onnxruntime (CPU), onnxruntime-gpu (CUDA/TensorRT) or onnxruntime-migraphx (AMD)",
+        install=_onnxruntime_install(),
         settings_keys=tuple(ONNXRUNTIME_FIELDS),
         read_settings=_onnxruntime_settings, device_config=_onnxruntime_device_config),
     BackendEntry(
@@ -100,26 +113,20 @@ CATALOGUE: dict[str, BackendEntry] = {entry.name: entry for entry in (
                 "/usr/local/Ascend/ascend-toolkit/set_env.sh; for the service, write its variables with "
                 "`yoloedge ascend-env -o /etc/yoloedge/ascend.env` (once after installing or upgrading CANN) "
                 "and restart it",
-        settings_keys=("ascend",),
-        read_settings=_section_reader("ascend", read_ascend_section),
-        device_config=_section_device_config(ascend_config)),
+        **_section_settings("ascend", ASCEND_FIELDS, AscendConfig)),
     BackendEntry(
         name="tensorrt", module="yoloedge.backends.tensorrt", class_name="TensorRTBackend",
         summary="NVIDIA TensorRT 8.6 / 10.x (Jetson, GPUs), running engines built by trtexec",
         model_suffixes=(".engine", ".plan", ".trt"), runtime_modules=("tensorrt", "cuda.bindings.runtime"),
         install="TensorRT comes with JetPack on Jetson (pip install tensorrt elsewhere) and "
                 "pip install 'yoloedge[jetson]' for cuda-python",
-        settings_keys=("tensorrt",),
-        read_settings=_section_reader("tensorrt", read_tensorrt_section),
-        device_config=_section_device_config(tensorrt_config)),
+        **_section_settings("tensorrt", TENSORRT_FIELDS, TensorRTConfig)),
     BackendEntry(
         name="simulated", module="yoloedge.backends.simulated", class_name="SimulatedBackend",
         summary="a simulated device that takes a set time per batch (capacity planning and tests)",
         model_suffixes=(".onnx",), runtime_modules=("onnxruntime",),
         install="pip install onnxruntime (the simulated device records its outputs with it)",
-        settings_keys=("simulated",),
-        read_settings=_section_reader("simulated", read_simulated_section),
-        device_config=_section_device_config(simulated_config)),
+        **_section_settings("simulated", SIMULATED_FIELDS, SimulatedConfig)),
 )}
 
 #: registered backend names, in the order the docs list them.

@@ -18,9 +18,9 @@ would allow, which is what a capacity plan needs to know.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from .fields import INVALID, Choice, Context, Key, FilePath, Number, read_section, sequence_or_report
+from .fields import INVALID, Choice, Context, Key, FilePath, Number, sequence_or_report
 from .yamltree import Item
 
 INPUT_KINDS = ("host", "aipp")
@@ -68,12 +68,3 @@ SIMULATED_FIELDS: dict[str, Key] = {
     "input": Key(Choice(INPUT_KINDS),
                  "host: the model's own float NCHW input; aipp: uint8 NHWC, like an Ascend `.om` with AIPP"),
 }
-
-
-def read_simulated_section(ctx: Context, item: Item | None) -> Any:
-    """The validated `simulated:` mapping (absent or null: all defaults); INVALID after a report."""
-    return read_section(ctx, item, SIMULATED_FIELDS)
-
-
-def simulated_config(options: Mapping[str, Any], device: int) -> SimulatedConfig:
-    return SimulatedConfig(**{**dict(options), "device_id": device})

@@ -10,18 +10,16 @@ the batch range come from the engine itself.
       telemetry: true             # nvidia-smi (tegrastats on a Jetson) figures in the worker status
 
 The loader keeps the validated values as a plain mapping in `AcceleratorConfig.options` (the place
-`yoloedge verify` reads `source_onnx` from); `tensorrt_config` turns it into a `TensorRTConfig` per
-device.
+`yoloedge verify` reads `source_onnx` from); `backends.backend_config_for` turns it into a
+`TensorRTConfig` per device (both through the catalogue's entry, as for every section backend).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
 
-from .ascend import read_source_onnx
-from .fields import Boolean, Context, Key, Integer, read_section
-from .yamltree import Item
+from .ascend import source_onnx_key
+from .fields import Boolean, Key, Integer
 
 #: no trtexec command line builds more profiles than this; a larger index is a typo.
 MAX_PROFILE = 63
@@ -47,22 +45,8 @@ TENSORRT_FIELDS: dict[str, Key] = {
     "profile": Key(Integer(ge=0, le=MAX_PROFILE, example=0),
                    "the engine's optimisation profile to run (trtexec builds one, index 0); one the engine lacks is"
                    " refused when the worker opens, static engines included"),
-    "source_onnx": Key(read_source_onnx,
-                       "the ONNX the engine was built from, for `yoloedge verify`; taken from the config file's "
-                       "folder, not checked here",
-                       type="path or null"),
+    "source_onnx": source_onnx_key("the engine was built from"),
     "telemetry": Key(Boolean(),
                      "add the GPU's temperature, load, memory and power (nvidia-smi; tegrastats on a Jetson; cached"
                      " 5 s) to the worker's status"),
 }
-
-
-def read_tensorrt_section(ctx: Context, item: Item | None) -> Any:
-    """The validated `tensorrt:` mapping (absent or null: all defaults); INVALID after a report."""
-    return read_section(ctx, item, TENSORRT_FIELDS)
-
-
-def tensorrt_config(options: Mapping[str, Any], device: int) -> TensorRTConfig:
-    """The backend's settings for one device, from the validated section (an unknown key is a
-    TypeError: the loader lets none through, so it would be a programming error)."""
-    return TensorRTConfig(**{**dict(options), "device_id": device})

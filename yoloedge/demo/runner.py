@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from ..localbroker import HOST, find_mosquitto, free_port, start_broker
+from ..localbroker import HOST, INSTALL_HINT, find_mosquitto, free_port, start_broker
 from ..textsafe import printable
 from . import LABELS, MODEL, clip_path
 
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     binary = find_mosquitto()
     if binary is None:
-        print("yoloedge demo: needs the mosquitto MQTT broker: sudo apt-get install mosquitto "
+        print(f"yoloedge demo: needs the mosquitto MQTT broker: {INSTALL_HINT} "
               "(scripts/demo.sh installs it when run as root)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="yoloedge-demo-") as tmp:

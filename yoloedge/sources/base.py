@@ -17,6 +17,7 @@ import logging
 import os
 import re
 from enum import Enum
+from typing import Callable
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
@@ -129,6 +130,18 @@ class Source:
 
     def read(self) -> np.ndarray | None:
         raise NotImplementedError
+
+    def _open_again(self, close: Callable[[], None], open_: Callable[[], None]) -> bool:
+        """Close and open again, at the first frame (a file's `loop`: reopening works for every
+        container and pipeline, where seeking does not). False, with `error` set to why, when it
+        does not open: the reader then treats it as any failed read."""
+        close()
+        try:
+            open_()
+        except SourceError as exc:
+            self.error = str(exc)
+            return False
+        return True
 
     def grab(self) -> bool:
         """Take the next frame without handing it over; False at the end or on a failure (see

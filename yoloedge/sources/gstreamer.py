@@ -307,13 +307,9 @@ class GStreamerSource(Source):
         build. Stopping and restarting the old one does not work: decodebin drops its source pads
         at NULL, and launch-string links to them are made only once. Returns the first sample."""
         log.debug("%s: end of stream, starting again (loop)", self.description, extra={"camera": self.camera})
-        self.release()
         self.eof = False
         self._frames_this_pass = 0
-        try:
-            self._open()
-        except SourceError as exc:
-            self.error = str(exc)
+        if not self._open_again(self.release, self._open):
             return None
         sample, self._pending = self._pending, None
         return sample

@@ -244,12 +244,8 @@ class PyAvSource(FillingSource):
     def _rewind(self) -> Any:
         """Start again at the first frame (`loop`): opened again, as VideoFileSource does."""
         log.debug("%s: end of file, starting again (loop)", self.description, extra={"camera": self.camera})
-        self._close()
         self._frames_this_pass = 0
-        try:
-            self._open()
-        except SourceError as exc:
-            self.error = str(exc)
+        if not self._open_again(self._close, self._open):
             return None
         return self._next_frame()
 
