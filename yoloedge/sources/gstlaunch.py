@@ -81,7 +81,7 @@ CHAIN_NEEDS = ("GStreamer 1.22 or later with gstreamer1.0-plugins-good and gstre
                "(h264timestamper came with 1.22)")
 #: what `auto` tries, best first; then OpenCV. The hardware presets take the decode off the CPU;
 #: PyAV decodes with FFmpeg as OpenCV does, into the same pictures, without OpenCV's own BGR picture
-#: (about 6 MB less per 1080p camera, README "Memory per camera"); software GStreamer holds more
+#: (about 6 MB less per 1080p camera, docs/benchmarks.md "Memory per camera"); software GStreamer holds more
 #: (its buffer pools and queues) than either
 AUTO_ORDER = (Decoder.JETSON, Decoder.NVIDIA, Decoder.VAAPI, Decoder.PYAV, Decoder.GSTREAMER)
 

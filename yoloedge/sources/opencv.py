@@ -19,7 +19,7 @@ copies it into the caller's array, and its API has no way around the copy. That 
 reader's: `OpenCvCapture` retrieves only the frames a camera keeps, into a buffer the reader
 borrows from a `FramePool` shared by the cameras for as long as its sink needs the frame, so a
 1080p camera costs a share of one or two 6.2 MB buffers instead of one of its own, and the
-frames it skips are never converted (`yoloedge bench memory`, README "Memory per camera").
+frames it skips are never converted (`yoloedge bench memory`, docs/benchmarks.md "Memory per camera").
 `decoder: pyav` (`sources.pyav`) decodes with FFmpeg without OpenCV's picture in between.
 """
 
