@@ -175,12 +175,12 @@ def test_atc_command_fixed_batch_synthetic(fixed_v8, tmp_path):
     assert plan.argv == [
         "atc", f"--model={fixed_v8}", "--framework=5", f"--output={base}", "--soc_version=Ascend310P3",
         "--input_format=NCHW", "--input_shape=images:1,3,64,64", f"--insert_op_conf={base}.aipp.cfg",
-        "--output_type=FP32", "--log=error"]
+        "--output_type=FP32", "--log=info"]
     assert plan.gears == () and plan.batch == 1
     assert plan.om_path == f"{base}.om" and plan.script_path == f"{base}.atc.sh"
     assert shell_line(plan.argv) == (
         f'atc --model={fixed_v8} --framework=5 --output={base} --soc_version=Ascend310P3 --input_format=NCHW '
-        f'--input_shape="images:1,3,64,64" --insert_op_conf={base}.aipp.cfg --output_type=FP32 --log=error')
+        f'--input_shape="images:1,3,64,64" --insert_op_conf={base}.aipp.cfg --output_type=FP32 --log=info')
 
 
 def test_atc_command_dynamic_gears_synthetic(dynamic_v8, tmp_path):
@@ -254,7 +254,7 @@ def test_atc_command_shared_fixed_batch_model(models, tmp_path):
     out = tmp_path / "yolov8n"
     assert shell_line(plan.argv) == (
         f'atc --model={onnx_path} --framework=5 --output={out} --soc_version=Ascend310P3 --input_format=NCHW '
-        f'--input_shape="images:1,3,640,640" --insert_op_conf={out}.aipp.cfg --output_type=FP32 --log=error')
+        f'--input_shape="images:1,3,640,640" --insert_op_conf={out}.aipp.cfg --output_type=FP32 --log=info')
 
 
 def test_atc_command_shared_model_with_dynamic_gears(models, tmp_path):
@@ -266,7 +266,7 @@ def test_atc_command_shared_model_with_dynamic_gears(models, tmp_path):
     assert shell_line(plan.argv) == (
         f'atc --model={onnx_path} --framework=5 --output={out} --soc_version=Ascend310P3 --input_format=NCHW '
         f'--input_shape="images:-1,3,640,640" --dynamic_batch_size="1,2,4,8" '
-        f'--insert_op_conf={out}.aipp.cfg --output_type=FP32 --log=error')
+        f'--insert_op_conf={out}.aipp.cfg --output_type=FP32 --log=info')
     assert plan.batch == 8
 
 
@@ -398,7 +398,7 @@ def test_trtexec_dynamic_batch_profile(dynamic_v8, tmp_path):
                          TrtOptions(output=str(tmp_path / "m.engine"), fp16=True, batches=(1, 4, 8), workspace_mb=2048))
     assert plan.argv == ["trtexec", f"--onnx={dynamic_v8}", f"--saveEngine={tmp_path / 'm.engine'}",
                          "--minShapes=images:1x3x64x64", "--optShapes=images:4x3x64x64",
-                         "--maxShapes=images:8x3x64x64", "--fp16", "--memPoolSize=workspace:2048"]
+                         "--maxShapes=images:8x3x64x64", "--fp16", "--verbose", "--memPoolSize=workspace:2048"]
     assert plan.script_path == str(tmp_path / "m.trtexec.sh") and plan.batch == 8
 
 
@@ -419,13 +419,14 @@ def test_trtexec_static_model_takes_no_shapes(fixed_v8, tmp_path):
 
 def test_trtexec_shared_models(models, tmp_path):
     fixed = build_trtexec(inspect_onnx(str(models / V8)), TrtOptions(output=str(tmp_path / "v8.engine")))
-    assert fixed.argv == ["trtexec", f"--onnx={models / V8}", f"--saveEngine={tmp_path / 'v8.engine'}"]
+    assert fixed.argv == ["trtexec", f"--onnx={models / V8}", f"--saveEngine={tmp_path / 'v8.engine'}", "--verbose"]
     dyn_path = make_dynamic_batch_copy_of(models / V8_QDQ, tmp_path / "v8_dyn.onnx")
     dyn = build_trtexec(inspect_onnx(str(dyn_path)), TrtOptions(output=str(tmp_path / "v8_dyn.engine"),
                                                                  fp16=True, batches=(1, 4, 8)))
     assert shell_line(dyn.argv) == (
         f"trtexec --onnx={dyn_path} --saveEngine={tmp_path / 'v8_dyn.engine'} "
-        f"--minShapes=images:1x3x640x640 --optShapes=images:4x3x640x640 --maxShapes=images:8x3x640x640 --fp16")
+        f"--minShapes=images:1x3x640x640 --optShapes=images:4x3x640x640 --maxShapes=images:8x3x640x640 --fp16 "
+        f"--verbose")
 
 
 # -- the CLI -----------------------------------------------------------------------------------
@@ -524,7 +525,7 @@ def test_cli_trt_dry_run_and_missing_trtexec(dynamic_v8, tmp_path):
     argv = script_command(tmp_path / "meter.trtexec.sh")
     assert argv == ["trtexec", f"--onnx={dynamic_v8}", f"--saveEngine={engine}", "--minShapes=images:1x3x64x64",
                     "--optShapes=images:4x3x64x64", "--maxShapes=images:8x3x64x64", "--fp16",
-                    "--memPoolSize=workspace:512"]
+                    "--verbose", "--memPoolSize=workspace:512"]
     if Path(JETSON_TRTEXEC).exists():
         pytest.skip("a JetPack trtexec is installed here")
     proc = convert("trt", "--onnx", dynamic_v8, "--output", engine, env=bare_env(tmp_path))
@@ -554,7 +555,8 @@ def test_cli_trt_script_calls_jetpacks_trtexec_by_its_path(dynamic_v8, tmp_path,
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setattr(trt, "JETSON_TRTEXEC", str(jetpack))
     args = argparse.Namespace(onnx=str(dynamic_v8), output=str(tmp_path / "m.engine"), fp16=False, int8=False,
-                              batch="1,2,4", imgsz=None, workspace_mb=128, trt_version=None, dry_run=True)
+                              batch="1,2,4", imgsz=None, workspace_mb=128, trt_version=None, dry_run=True,
+                              simplify=False)
     out, err = io.StringIO(), io.StringIO()
     assert run_trt(args, out, err) == 0, err.getvalue()
     argv = script_command(tmp_path / "m.trtexec.sh")

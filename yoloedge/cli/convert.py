@@ -1,11 +1,17 @@
-"""`yoloedge convert atc|trt`: build the vendor converter's command from the ONNX, and run it.
+"""`yoloedge convert atc|trt|fp16`: build the vendor converter's command from the ONNX, and run it.
 
 The command is printed and written into a script next to the output (OUT.atc.sh, MODEL.trtexec.sh),
 so it can be rerun or copied to the machine that has the toolkit. It is run at once when the tool is
-installed and --dry-run is not given.
+installed and --dry-run is not given; its log is saved next to the output (OUT.atc.log,
+MODEL.trtexec.log) and the operators it put on a slow path are summarised.
 
-Exit codes: 0 done (or, with --dry-run, written); 2 the model or the options cannot work; 69
-(EX_UNAVAILABLE) the converter is not installed; otherwise the converter's own exit code.
+Before that: a warning when the model's opset is outside what the converter documents, and with
+--simplify the onnxslim-simplified graph (checked against the original on --images) is converted
+instead. `convert fp16` writes an FP16 ONNX, checked the same way.
+
+Exit codes: 0 done (or, with --dry-run, written); 1 a rewritten model disagrees with the original;
+2 the model or the options cannot work; 69 (EX_UNAVAILABLE) the converter (or onnxslim) is not
+installed; otherwise the converter's own exit code.
 """
 
 from __future__ import annotations
@@ -13,12 +19,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TextIO
+from typing import Callable, TextIO
 
-from ..convert import atc, trt
-from ..convert.source import (ConvertError, SourceModel, find_tool, inspect_onnx, output_dir_ready, parse_batches,
-                              run_tool, shell_line, write_script)
+from ..convert import atc, opsets, rewrite, toollogs, trt
+from ..convert.source import (ConvertError, SourceModel, find_tool, inspect_onnx, log_tail, output_dir_ready,
+                              parse_batches, run_tool_logged, shell_line, write_script)
+from ..postprocess import FORMATS
+from ..runtime import module_installed
+from ..verify import MAX_SCORE_DIFF, MIN_IOU
 
+EXIT_DISAGREE = 1
 EXIT_INPUT = 2
 EXIT_UNAVAILABLE = 69  # sysexits.h EX_UNAVAILABLE
 
@@ -31,6 +41,7 @@ def add_parser(sub) -> None:
     tools.required = True
     _add_atc(tools)
     _add_trt(tools)
+    _add_fp16(tools)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -38,6 +49,20 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--imgsz", type=int, nargs=2, metavar=("H", "W"),
                    help="input size for models with open height/width (default: the model's imgsz metadata)")
     p.add_argument("--dry-run", action="store_true", help="print and write the command, do not run it")
+    _add_checks(p)
+
+
+def _add_checks(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--simplify", action="store_true",
+                   help="simplify the graph with onnxslim first (pip install 'yoloedge[slim]'), checked "
+                        "against the original on --images")
+    p.add_argument("--images", nargs="+", metavar="PATH",
+                   help="images, folders or videos to check a rewritten model on (ONNX Runtime, CPU)")
+    p.add_argument("--format", choices=FORMATS, help="output layout for the check (default: recognised)")
+    p.add_argument("--max-score-diff", type=float, default=MAX_SCORE_DIFF, metavar="D",
+                   help=f"largest score difference that still agrees (default {MAX_SCORE_DIFF})")
+    p.add_argument("--min-iou", type=float, default=MIN_IOU, metavar="IOU",
+                   help=f"smallest box IoU that still agrees (default {MIN_IOU})")
 
 
 def _add_atc(tools) -> None:
@@ -94,11 +119,26 @@ def _add_trt(tools) -> None:
     p.set_defaults(func=run_trt)
 
 
+def _add_fp16(tools) -> None:
+    p = tools.add_parser("fp16", help="float32 ONNX -> FP16 ONNX, checked against the float model",
+                         description="Convert a float32 ONNX model to FP16 with ONNX Runtime's converter and "
+                                     "check its boxes against the float model's on real images.")
+    p.add_argument("model", metavar="MODEL.onnx", help="the float32 ONNX model")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="the FP16 model to write")
+    p.add_argument("--fp16-io", action="store_true",
+                   help="make the inputs and outputs float16 too (default: they stay float32)")
+    _add_checks(p)
+    p.set_defaults(func=run_fp16)
+
+
 # -- atc ---------------------------------------------------------------------------------------
 
 def run_atc(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    source, status = prepare_source(args, args.output, opsets.ATC, "atc", out, err)
+    if source is None:
+        return status
     try:
-        model = inspect_onnx(args.onnx)
+        model = inspect_onnx(source)
         opts = atc.AtcOptions(
             output=args.output, soc_version=atc.normalise_soc(args.soc_version), batches=parse_batches(args.batch),
             imgsz=tuple(args.imgsz) if args.imgsz else None, aipp=args.aipp, frame_color=args.frame_color,
@@ -120,7 +160,8 @@ def run_atc(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sy
     print(f"wrote {plan.script_path}", file=out)
     print(shell_line(plan.argv), file=out)
     status = _run("atc", plan.argv, plan.script_path, args.dry_run, out, err,
-                  install="the CANN toolkit (then source its set_env.sh)")
+                  install="the CANN toolkit (then source its set_env.sh)", log_path=plan.om_path[:-3] + ".atc.log",
+                  parse=toollogs.parse_atc_log, env=atc.LOG_ENV)
     if status == 0 and not args.dry_run and not os.path.isfile(plan.om_path):
         print(f"yoloedge convert atc: atc finished but {plan.om_path} is missing", file=err)
         return 1
@@ -136,8 +177,15 @@ def run_atc(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sy
 
 def run_trt(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     try:
-        model = inspect_onnx(args.onnx)
         version, how = trt_version(args)
+    except (ConvertError, OSError) as exc:
+        print(f"yoloedge convert trt: {_message(exc)}", file=err)
+        return EXIT_INPUT
+    source, status = prepare_source(args, args.output, opsets.TRT[version], "trt", out, err)
+    if source is None:
+        return status
+    try:
+        model = inspect_onnx(source)
         opts = trt.TrtOptions(output=args.output, fp16=args.fp16, int8=args.int8,
                               batches=trt.parse_profile(args.batch), imgsz=tuple(args.imgsz) if args.imgsz else None,
                               workspace_mb=args.workspace_mb, trt_version=version)
@@ -153,8 +201,11 @@ def run_trt(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sy
         print(f"note: {note}", file=err)
     print(f"wrote {plan.script_path}", file=out)
     print(shell_line(plan.argv), file=out)
+    reduced = args.fp16 or args.int8
     status = _run("trtexec", plan.argv, plan.script_path, args.dry_run, out, err,
-                  install="TensorRT (JetPack on Jetson)", fallbacks=(trt.JETSON_TRTEXEC,))
+                  install="TensorRT (JetPack on Jetson)", fallbacks=(trt.JETSON_TRTEXEC,),
+                  log_path=plan.script_path[:-len(".sh")] + ".log",
+                  parse=lambda text: toollogs.parse_trtexec_log(text, reduced))
     if status == 0 and not args.dry_run and not os.path.isfile(plan.engine_path):
         print(f"yoloedge convert trt: trtexec finished but {plan.engine_path} is missing", file=err)
         return 1
@@ -176,8 +227,10 @@ def trt_version(args: argparse.Namespace) -> tuple[str, str]:
 # -- shared ------------------------------------------------------------------------------------
 
 def _run(tool: str, argv: list[str], script: str, dry_run: bool, out: TextIO, err: TextIO,
-         install: str, fallbacks: tuple[str, ...] = ()) -> int:
-    """Run the converter when it is here; otherwise say how to run the script where it is."""
+         install: str, log_path: str, parse: Callable[[str], toollogs.SlowPaths],
+         fallbacks: tuple[str, ...] = (), env: dict[str, str] | None = None) -> int:
+    """Run the converter when it is here, its log saved and summarised; otherwise say how to run
+    the script where it is."""
     executable = find_tool(tool, fallbacks)
     if dry_run:
         if executable is None:
@@ -189,13 +242,30 @@ def _run(tool: str, argv: list[str], script: str, dry_run: bool, out: TextIO, er
         return EXIT_UNAVAILABLE
     out.flush()
     try:
-        status = run_tool(executable, argv)
+        status = run_tool_logged(executable, argv, log_path, env)
     except ConvertError as exc:
         print(f"yoloedge convert: {exc}", file=err)
         return EXIT_UNAVAILABLE
+    print(f"{tool} log: {log_path}", file=out)
     if status != 0:
+        for line in log_tail(log_path):
+            print(f"  {line}", file=err)
         print(f"yoloedge convert: {tool} failed with exit code {status}", file=err)
-    return status if status >= 0 else 1  # killed by a signal
+        return status if status >= 0 else 1  # killed by a signal
+    summarise_log(log_path, parse, out)
+    return 0
+
+
+def summarise_log(log_path: str, parse: Callable[[str], toollogs.SlowPaths], out: TextIO) -> None:
+    """One line per kind of slow path the converter's log names, or one saying there were none."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            lines = parse(f.read()).summary()
+    except OSError as exc:
+        print(f"cannot read {log_path}: {exc.strerror or exc}", file=out)
+        return
+    for line in lines or ["no operator fell back to a slow path (as far as the log says)"]:
+        print(f"slow paths: {line}", file=out)
 
 
 def _describe_source(model: SourceModel, out: TextIO) -> None:
@@ -208,3 +278,86 @@ def _message(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename:
         return f"{exc.filename}: {exc.strerror or exc}"
     return str(exc)
+
+
+# -- checks before converting: opset, simplify, fp16 -----------------------------------------
+
+def prepare_source(args: argparse.Namespace, output: str, supported: opsets.OpsetRange, tool: str, out: TextIO,
+                   err: TextIO) -> tuple[str | None, int]:
+    """(the ONNX to convert, 0), after the opset warning and, with --simplify, the checked
+    simplification; (None, exit code) when that failed."""
+    warning = opsets.opset_warning(opsets.model_opset(args.onnx), supported)
+    if warning:
+        print(f"warning: {warning}", file=err)
+    if not args.simplify:
+        return args.onnx, 0
+    stem = os.path.splitext(output[:-3] if output.lower().endswith(".om") else output)[0]
+    return checked_simplify(args, args.onnx, stem + ".slim.onnx", f"convert {tool}", out, err)
+
+
+def checked_simplify(args: argparse.Namespace, source: str, dst: str, who: str, out: TextIO,
+                     err: TextIO) -> tuple[str | None, int]:
+    if not module_installed("onnxslim"):
+        print(f"yoloedge {who}: --simplify: {rewrite.SLIM_HINT}", file=err)
+        return None, EXIT_UNAVAILABLE
+    if not args.images:
+        print(f"yoloedge {who}: --simplify needs --images to check the simplified graph on", file=err)
+        return None, EXIT_INPUT
+    try:
+        output_dir_ready(dst)
+        before, after = rewrite.simplify(source, dst)
+        print(f"simplified {source}: {before} -> {after} nodes, {dst}", file=out)
+        agreement = rewrite.compare(source, dst, _frames(args.images), args.format, args.max_score_diff, args.min_iou)
+    except (ConvertError, OSError) as exc:
+        print(f"yoloedge {who}: {_message(exc)}", file=err)
+        return None, EXIT_INPUT
+    if not _report(agreement, "simplified", out, err, who):
+        return None, EXIT_DISAGREE
+    return dst, 0
+
+
+def run_fp16(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    who = "convert fp16"
+    if not args.images:
+        print(f"yoloedge {who}: --images is needed: the FP16 model is checked against the float model on them",
+              file=err)
+        return EXIT_INPUT
+    source = args.model
+    if args.simplify:
+        slim, status = checked_simplify(args, source, os.path.splitext(args.output)[0] + ".slim.onnx", who, out, err)
+        if slim is None:
+            return status
+        source = slim
+    try:
+        inspect_onnx(source)
+        output_dir_ready(args.output)
+        rewrite.to_fp16(source, args.output, fp16_io=args.fp16_io)
+        before, after = os.path.getsize(source), os.path.getsize(args.output)
+        print(f"wrote {args.output}: {after / 1e6:.2f} MB (float model {before / 1e6:.2f} MB), inputs/outputs "
+              f"{'float16' if args.fp16_io else 'float32'}", file=out)
+        agreement = rewrite.compare(args.model, args.output, _frames(args.images), args.format,
+                                    args.max_score_diff, args.min_iou)
+    except (ConvertError, OSError) as exc:
+        print(f"yoloedge {who}: {_message(exc)}", file=err)
+        return EXIT_INPUT
+    return 0 if _report(agreement, "FP16", out, err, who) else EXIT_DISAGREE
+
+
+def _frames(paths: list[str]) -> list:
+    from ..verify import read_inputs
+
+    frames = read_inputs(paths, frames_per_video=2)
+    if frames.problems:
+        raise ConvertError("; ".join(frames.problems))
+    return frames.frames
+
+
+def _report(agreement: rewrite.Agreement, what: str, out: TextIO, err: TextIO, who: str) -> bool:
+    print(f"{what} vs original: {agreement.line()}", file=out)
+    if agreement.agree:
+        return True
+    for problem in agreement.problems[:10]:
+        print(f"  {problem}", file=err)
+    print(f"yoloedge {who}: the {what} model's boxes disagree with the original's in "
+          f"{len(agreement.problems)} case(s), beyond --max-score-diff / --min-iou: do not use it", file=err)
+    return False

@@ -2,7 +2,7 @@
 
     atc --model=yolov8n.onnx --framework=5 --output=yolov8n --soc_version=Ascend310P3
         --input_format=NCHW --input_shape="images:-1,3,640,640" --dynamic_batch_size="1,2,4,8"
-        --insert_op_conf=yolov8n.aipp.cfg --output_type=FP32 --log=error
+        --insert_op_conf=yolov8n.aipp.cfg --output_type=FP32 --log=info
 
 * `--framework=5` is ONNX; `--output` is a basename, ATC appends `.om`.
 * `--input_shape` names the ONNX input; a `-1` batch plus `--dynamic_batch_size` compiles one
@@ -10,6 +10,9 @@
 * `--insert_op_conf` adds AIPP (see `aipp.py`): the `.om` input becomes uint8 NHWC whatever
   `--input_format` says, and the daemon must letterbox to uint8 (model.input: aipp).
 * `--soc_version` must name the chip the `.om` will run on; `npu-smi info` shows it on the target.
+* `--log=info`, not `error`: the info log is where ATC says which operators it placed on the AI CPU
+  engine (slow) rather than the AI Core; `convert atc` saves it as OUT.atc.log and summarises it
+  (see `toollogs.py`). `ASCEND_SLOG_PRINT_TO_STDOUT=1` sends CANN's log to stdout, where it is caught.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ OUTPUT_TYPES = ("FP32", "FP16")
 MIN_GEARS, MAX_GEARS = 2, 100
 MAX_GEAR = 2048
 AUTO = "auto"
+#: the ATC log level that still names the operators placed on the AI CPU (see the module docstring).
+LOG_LEVEL = "info"
+#: CANN sends its log to stdout (instead of only ~/ascend/log) with this set.
+LOG_ENV = {"ASCEND_SLOG_PRINT_TO_STDOUT": "1"}
 
 # -- soc_version -------------------------------------------------------------------------------
 
@@ -147,7 +154,7 @@ def build_atc(model: SourceModel, opts: AtcOptions) -> AtcPlan:
         aipp_text = aipp_config(AippSettings(w, h, opts.frame_color, opts.model_color, opts.mean, opts.std,
                                              opts.normalize), os.path.basename(model.path))
         argv.append(f"--insert_op_conf={aipp_path}")
-    argv += [f"--output_type={opts.output_type}", "--log=error"]
+    argv += [f"--output_type={opts.output_type}", f"--log={LOG_LEVEL}"]
     return AtcPlan(argv=argv, om_path=base + ".om", script_path=base + ".atc.sh", input_shape=input_shape,
                    gears=gears, batch=gears[-1] if gears else dim0, aipp_path=aipp_path, aipp_text=aipp_text,
                    notes=[note] if note else [])

@@ -182,3 +182,23 @@ def output_dir_ready(path: str) -> None:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise ConvertError(f"cannot create the output folder {folder}: {exc.strerror or exc}") from exc
+
+
+def run_tool_logged(executable: str, argv: Sequence[str], log_path: str, env: dict[str, str] | None = None) -> int:
+    """Run the converter with its stdout and stderr written to `log_path` (the verbose log the
+    slow-path summary is read from; too long for the terminal)."""
+    try:
+        with open(log_path, "w", encoding="utf-8", errors="replace") as log:
+            return subprocess.run([executable, *argv[1:]], stdout=log, stderr=subprocess.STDOUT, check=False,
+                                  env={**os.environ, **env} if env else None).returncode
+    except OSError as exc:
+        raise ConvertError(f"cannot run {executable}: {exc.strerror or exc}") from exc
+
+
+def log_tail(path: str, lines: int = 20) -> list[str]:
+    """The last lines of a converter's log, to show why it failed."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().splitlines()[-lines:]
+    except OSError:
+        return []

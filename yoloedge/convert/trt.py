@@ -14,6 +14,9 @@
 * `--fp16` / `--int8` are deprecated from TensorRT 10.15 (superseded by strongly typed networks) and
   absent from the 11.0 help; they still work on the 8.6 / 10.x releases JetPack ships.
 * An engine is tied to the GPU and TensorRT version it was built with: build it on the target.
+* `--verbose` makes trtexec print its "Engine Layer Information" (one line per engine layer, with
+  the tensor types), which `convert trt` saves as MODEL.trtexec.log and summarises: layers left in
+  FP32 when --fp16/--int8 was asked, layers run by a plugin or Myelin (see `toollogs.py`).
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ def build_trtexec(model: SourceModel, opts: TrtOptions) -> TrtPlan:
         argv.append("--int8")
     if opts.trt_version not in TRT_VERSIONS:
         raise ConvertError(f"--trt-version must be one of {', '.join(TRT_VERSIONS)}, got {opts.trt_version!r}")
+    argv.append("--verbose")
     if opts.workspace_mb is not None:
         argv.append(f"--workspace={opts.workspace_mb}" if opts.trt_version == "8.6"
                     else f"--memPoolSize=workspace:{opts.workspace_mb}")
