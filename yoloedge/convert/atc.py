@@ -12,7 +12,8 @@
 * `--soc_version` must name the chip the `.om` will run on; `npu-smi info` shows it on the target.
 * `--log=info`, not `error`: the info log is where ATC says which operators it placed on the AI CPU
   engine (slow) rather than the AI Core; `convert atc` saves it as OUT.atc.log and summarises it
-  (see `toollogs.py`). `ASCEND_SLOG_PRINT_TO_STDOUT=1` sends CANN's log to stdout, where it is caught.
+  (see `toollogs.py`). `ASCEND_SLOG_PRINT_TO_STDOUT=1` sends CANN's log to stdout instead of the log
+  files (CANN environment-variable reference), where `convert` catches it.
 """
 
 from __future__ import annotations
