@@ -167,14 +167,6 @@ def find_tool(name: str, fallbacks: Sequence[str] = ()) -> str | None:
     return next((p for p in fallbacks if os.path.isfile(p) and os.access(p, os.X_OK)), None)
 
 
-def run_tool(executable: str, argv: Sequence[str]) -> int:
-    """Run the converter with our stdout/stderr: its progress and errors are the user's to read."""
-    try:
-        return subprocess.run([executable, *argv[1:]], check=False).returncode
-    except OSError as exc:
-        raise ConvertError(f"cannot run {executable}: {exc.strerror or exc}") from exc
-
-
 def output_dir_ready(path: str) -> None:
     """Create the output's folder, so the script and the tool have somewhere to write."""
     folder = os.path.dirname(os.path.abspath(path))
