@@ -61,7 +61,9 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
     from ..quantize.workflow import Options
     from ..quantize.workflow import run as quantize
 
@@ -87,11 +89,12 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
     if args.json:
         out.write(json.dumps(report.to_dict()) + "\n")
     else:
-        out.write(_text(report.to_dict()))
+        out.write(format_report(report.to_dict()))
     return 0
 
 
-def _text(r: dict) -> str:
+def format_report(r: dict) -> str:
+    """The report for a terminal: what was written, the agreement, the speed, the side outputs."""
     lines = [
         f"wrote {r['output']} (static INT8, QDQ; {r['method']} calibration on {r['calibration_frames']} "
         f"frames of {r['calibration_source']})",

@@ -10,6 +10,7 @@ pass read the same data.
 from __future__ import annotations
 
 import contextlib
+import logging
 import struct
 import sys
 from dataclasses import dataclass
@@ -134,7 +135,9 @@ def quantize(model: str, output: str, reader: TensorReader, method: str = "minma
     exclude = tail_nodes(proto) if keep_tail_float else []
     reader.rewind()
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # the histogram calibrators print progress
+        # the histogram calibrators print progress; the quantizer advises a pre-processing pass
+        # (shape inference) the Detector does not need, on the root logger, each run
+        with contextlib.redirect_stdout(sys.stderr), _without_advice():
             quantize_static(proto, output, reader, quant_format=QuantFormat.QDQ, per_channel=per_channel,
                             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                             nodes_to_exclude=exclude, calibrate_method=_method(method))
@@ -142,6 +145,20 @@ def quantize(model: str, output: str, reader: TensorReader, method: str = "minma
         raise
     except Exception as exc:  # the quantizer raises whatever onnx or ORT raised
         raise QuantizeError(f"{model}: ONNX Runtime's quantizer failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _advice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Please consider")
+
+
+@contextlib.contextmanager
+def _without_advice() -> Iterator[None]:
+    root = logging.getLogger()
+    root.addFilter(_advice)
+    try:
+        yield
+    finally:
+        root.removeFilter(_advice)
 
 
 def tensor_ranges(model: str, reader: TensorReader, method: str = "minmax") -> dict[str, tuple[float, float]]:
