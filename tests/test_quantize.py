@@ -197,6 +197,9 @@ def test_output_is_a_qdq_model_that_onnxruntime_runs(report):
     onnx.checker.check_model(model)
     ops = {n.op_type for n in model.graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    # the head's tail stays float: the output is the float Transpose, not a dequantized INT8 tensor
+    (producer,) = [n for n in model.graph.node if model.graph.output[0].name in n.output]
+    assert producer.op_type == "Transpose"
     session = ort.InferenceSession(report["output"], providers=["CPUExecutionProvider"])
     (result,) = session.run(None, {"images": np.zeros((1, 3, 416, 416), np.float32)})
     assert result.shape == (1, 3549, 85)
@@ -254,6 +257,19 @@ def test_text_report_names_the_figures(report):
     assert "held-out frames of the calibration source" in text
     assert "mAP@0.5" in text and "speedup" in text and "VOC all-point" in text
     assert "trtexec --int8 --calib=" in text and "amct_onnx calibration" in text
+
+
+def test_a_folder_calibrates_and_eval_names_another_source(tmp_path, models, media, capsys):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for name in ("bus.jpg", "zidane.jpg"):
+        (folder / name).write_bytes((media / name).read_bytes())
+    assert main(["quantize", str(models / MODEL), "-o", str(tmp_path / "int8.onnx"), "--calibrate", str(folder),
+                 "--eval", str(media / VIDEO), "--eval-frames", "2", "--timing-runs", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["calibration_frames"] == 2  # --frames 32 asked, the folder has two
+    assert (report["eval_source"], report["eval_frames"]) == (str(media / VIDEO), 2)
+    assert report["eval_kind"] == "a separate source"
 
 
 # -- errors ----------------------------------------------------------------------------------------

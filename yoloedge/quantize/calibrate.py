@@ -93,26 +93,17 @@ def tail_nodes(model) -> list[str]:
     (sigmoid, reshape, concat, the decode arithmetic). A YOLO head concatenates box coordinates
     (hundreds of pixels) with scores (0..1) into one output; one INT8 scale for both leaves the
     scores a handful of steps, so the tail stays float (it costs next to nothing)."""
-    consumers: dict[str, list] = {}
-    for node in model.graph.node:
+    consumers: dict[str, list[int]] = {}
+    nodes = list(model.graph.node)
+    for index, node in enumerate(nodes):
         for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    feeds_compute: dict[int, bool] = {}
-
-    def reaches(node) -> bool:  # iterative would be longer; graphs are a few hundred nodes deep at most
-        key = id(node)
-        if key not in feeds_compute:
-            feeds_compute[key] = False  # a cycle cannot happen in a valid graph
-            feeds_compute[key] = any(n.op_type in COMPUTE_OPS or reaches(n)
-                                     for out in node.output for n in consumers.get(out, ()))
-        return feeds_compute[key]
-
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 10 * len(model.graph.node) + 100))
-    try:
-        return [n.name for n in model.graph.node if n.op_type not in COMPUTE_OPS and not reaches(n)]
-    finally:
-        sys.setrecursionlimit(limit)
+            consumers.setdefault(name, []).append(index)
+    # ONNX keeps nodes in topological order: going backwards, each node's consumers are known
+    feeds_compute = [False] * len(nodes)
+    for index in range(len(nodes) - 1, -1, -1):
+        feeds_compute[index] = any(nodes[c].op_type in COMPUTE_OPS or feeds_compute[c]
+                                   for out in nodes[index].output for c in consumers.get(out, ()))
+    return [n.name for n, feeds in zip(nodes, feeds_compute) if n.op_type not in COMPUTE_OPS and not feeds]
 
 
 def quantize(model: str, output: str, reader: TensorReader, method: str = "minmax",
