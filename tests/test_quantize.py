@@ -289,6 +289,13 @@ def test_not_an_onnx_file_exits_1(tmp_path, media, capsys):
     assert "model.onnx" in err and "yoloedge quantize:" in err
 
 
+def test_an_already_quantized_model_exits_1(tmp_path, models, media, capsys):
+    err = _fails([str(models / "yolov8n_coco_int8_qdq.onnx"), "-o", str(tmp_path / "o.onnx"), "--calibrate",
+                  str(media / VIDEO), "--frames", "1"], capsys)
+    assert "already quantized" in err
+    assert not (tmp_path / "o.onnx").exists()
+
+
 def test_missing_model_exits_1(tmp_path, media, capsys):
     err = _fails([str(tmp_path / "none.onnx"), "-o", str(tmp_path / "o.onnx"), "--calibrate",
                   str(media / VIDEO)], capsys)

@@ -88,6 +88,11 @@ def _method(name: str):
 COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 
 
+#: operators that only a quantized model has
+QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv",
+                           "QLinearMatMul", "ConvInteger", "MatMulInteger"})
+
+
 def tail_nodes(model) -> list[str]:
     """The names of the nodes from which no compute operator can be reached: the head's tail
     (sigmoid, reshape, concat, the decode arithmetic). A YOLO head concatenates box coordinates
@@ -123,6 +128,10 @@ def quantize(model: str, output: str, reader: TensorReader, method: str = "minma
             proto = version_converter.convert_version(proto, 13)
     except Exception as exc:  # onnx raises DecodeError, ValidationError, ... on a file that is not ONNX
         raise QuantizeError(f"{model}: not an ONNX model onnx can read: {type(exc).__name__}: {exc}") from exc
+    quantized = sorted({n.op_type for n in proto.graph.node} & QUANTIZED_OPS)
+    if quantized:
+        raise QuantizeError(f"{model}: already quantized (it has {', '.join(quantized)}): "
+                            f"quantize the float model it was made from")
     exclude = tail_nodes(proto) if keep_tail_float else []
     reader.rewind()
     try:

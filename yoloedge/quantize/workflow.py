@@ -98,7 +98,8 @@ def _open(path: str, options: Options, conf: float | None = None):
 def _frames(options: Options) -> tuple[list[Frame], list[Frame], str, str]:
     """(calibration frames, held-out frames, the held-out source, what kind it is)."""
     total = source_length(options.calibrate)
-    if options.evaluate is None:
+    same = options.evaluate is not None and Path(options.evaluate).resolve() == Path(options.calibrate).resolve()
+    if options.evaluate is None or same:  # never report on the frames calibration saw
         parts = split(total, options.frames, options.eval_frames)
         calib = require_frames(options.calibrate, read_frames(options.calibrate, parts.calibration), "calibrate")
         held = read_frames(options.calibrate, parts.held_out)
