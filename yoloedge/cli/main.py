@@ -22,7 +22,7 @@ EXIT_INPUT = 2
 
 def build_parser() -> argparse.ArgumentParser:
     from ..demo import runner as demo
-    from . import ascend_env, bench, check, convert, detect, verify
+    from . import ascend_env, bench, check, convert, detect, quantize, verify
 
     parser = argparse.ArgumentParser(
         prog="yoloedge",
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(sub)
     convert.add_parser(sub)
     verify.add_parser(sub)
+    quantize.add_parser(sub)
     demo.add_parser(sub)
     ascend_env.add_parser(sub)
     return parser
