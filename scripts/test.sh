@@ -6,4 +6,6 @@ cd "$(dirname "$0")/.."
 source scripts/setup-env.sh
 ensure_system_packages
 ensure_venv dev
-exec "$VENV/bin/python" -m pytest "$@"
+# One pytest worker per CPU core (pytest-xdist): the suite is CPU-bound (real models, real daemons),
+# so two cores halve it. YOLOEDGE_TEST_WORKERS=0 runs it in one process (for -x, pdb, -s).
+exec "$VENV/bin/python" -m pytest -n "${YOLOEDGE_TEST_WORKERS:-auto}" "$@"
