@@ -86,43 +86,38 @@ def read_publish(ctx: Context, item: Item) -> Any:
 
 NAME = Text(topic_safe=True, max_bytes=MAX_NAME_BYTES)
 
+#: the keys zones and lines share, declared once
+NAME_KEY = Key(NAME, "topic level (`.../zones/{name}`, `.../lines/{name}`), status, `reset-counts`",
+               default="required, unique among the camera's zones and lines")
+OBJECTS_KEY = Key(read_objects,
+                  "count only these labels; null: every label. They must be in the camera's `classes` when it has "
+                  "them, and in `model.labels` when the config gives the labels (labels only the model file knows "
+                  "are checked when the camera starts: a warning)",
+                  type="non-empty list of labels, or null")
+ANCHOR_KEY = Key(read_anchor, "the point of the box that counts: where an object stands, or the box's centre",
+                 type="`bottom_center`, `center`")
+
 ZONE_FIELDS: dict[str, Key] = {
-    "name": Key(NAME,
-                "topic level (`.../zones/{name}`, `.../lines/{name}`), status, `reset-counts`",
-                default="required, unique among the camera's zones and lines"),
+    "name": NAME_KEY,
     "polygon": Key(read_polygon,
                    "the zone's outline: distinct points, not intersecting itself",
                    type=f"3 to {MAX_POLYGON_POINTS} points `[x, y]`, each 0..1",
                    default="required"),
-    "objects": Key(read_objects,
-                   "count only these labels; null: every label. They must be in the camera's `classes` when it has "
-                   "them, and in `model.labels` when the config gives the labels (labels only the model file knows "
-                   "are checked when the camera starts: a warning)",
-                   type="non-empty list of labels, or null"),
+    "objects": OBJECTS_KEY,
     "inertia": Key(Integer(ge=1, le=MAX_INERTIA, example=DEFAULT_INERTIA),
                    "consecutive frames inside before a track counts as entered, and outside before it counts as "
                    "gone"),
-    "anchor": Key(read_anchor,
-                  "the point of the box that counts: where an object stands, or the box's centre",
-                  type="`bottom_center`, `center`"),
+    "anchor": ANCHOR_KEY,
 }
 
 LINE_FIELDS: dict[str, Key] = {
-    "name": Key(NAME,
-                "topic level (`.../zones/{name}`, `.../lines/{name}`), status, `reset-counts`",
-                default="required, unique among the camera's zones and lines"),
+    "name": NAME_KEY,
     "points": Key(read_line_points,
                   "the segment A-B; its direction decides what is `in` (below)",
                   type="two distinct points `[[Ax, Ay], [Bx, By]]`, each 0..1",
                   default="required"),
-    "objects": Key(read_objects,
-                   "count only these labels; null: every label. They must be in the camera's `classes` when it has "
-                   "them, and in `model.labels` when the config gives the labels (labels only the model file knows "
-                   "are checked when the camera starts: a warning)",
-                   type="non-empty list of labels, or null"),
-    "anchor": Key(read_anchor,
-                  "the point of the box that counts: where an object stands, or the box's centre",
-                  type="`bottom_center`, `center`"),
+    "objects": OBJECTS_KEY,
+    "anchor": ANCHOR_KEY,
 }
 
 
