@@ -27,10 +27,10 @@ def test_frames_are_kept_only_while_wanted_into_buffers_allocated_once():
     taken: list[int] = []
     sink = keeper.tap("gate", lambda f, timeout: taken.append(f.seq) or True)
     pooled = np.zeros((4, 6, 3), np.uint8)  # the reader's buffer, overwritten by every read
-    keeper.want("gate", False)  # its first frames had nothing in view
+    keeper.want("gate", True, False)  # its first frames had nothing in view
     assert sink(frame(0, pooled), 1.0)
     assert keeper.find("gate", 0, 0.0) is None  # not wanted: nothing copied
-    keeper.want("gate", True)
+    keeper.want("gate", True, True)
     for seq in range(1, 4):
         sink(frame(seq, pooled), 1.0)
     assert taken == [0, 1, 2, 3]
@@ -44,7 +44,7 @@ def test_frames_are_kept_only_while_wanted_into_buffers_allocated_once():
     stats = keeper.stats("gate")
     assert stats["frames_missed"] == 1 and stats["frames_kept"] == 2 + 36
     assert keeper._cameras["gate"].allocations == 2  # never per frame
-    keeper.want("gate", False)
+    keeper.want("gate", True, False)
     sink(frame(40, pooled), 1.0)
     clock.t += FREE_AFTER_S
     sink(frame(41, pooled), 1.0)
@@ -54,7 +54,7 @@ def test_frames_are_kept_only_while_wanted_into_buffers_allocated_once():
 def test_a_frame_of_another_size_gets_a_buffer_of_its_size():
     keeper = FrameKeeper(depth=1)
     keeper.add("gate")
-    keeper.want("gate", True)
+    keeper.want("gate", True, True)
     keeper.offer(frame(0, np.zeros((4, 6, 3), np.uint8)))
     keeper.done("gate", 0.0)
     keeper.offer(frame(1, np.zeros((8, 12, 3), np.uint8)))
@@ -81,3 +81,42 @@ def test_a_large_frame_is_kept_scaled_to_fit_960_pixels_and_a_small_one_as_it_is
     sink(Frame("gate", 2, small, 1.7e9 + 2, 2.0), 1.0)
     kept = keeper.find("gate", 2, 2.0)
     assert kept is not None and kept.shape == small.shape and (kept == small).all()
+
+
+def test_a_lossless_camera_waits_slice_by_slice_for_a_buffer_and_keeps_each_frame_once():
+    keeper = FrameKeeper(depth=1)
+    answers = [False, True, True]  # the intake refuses the first slice of frame 0 (queue full)
+    taken: list[int] = []
+
+    def intake(f: Frame, timeout: float) -> bool:
+        taken.append(f.seq)
+        return answers.pop(0)
+
+    sink = keeper.tap("gate", intake, wait=True)
+    pooled = np.zeros((4, 6, 3), np.uint8)
+    assert not sink(frame(0, pooled), 0.01) and sink(frame(0, pooled), 0.01)  # offered twice, kept once
+    assert keeper.stats("gate")["frames_kept"] == 1
+    # the one buffer is held by frame 0 in flight: frame 1 is not handed on yet, and not missed
+    assert not sink(frame(1, pooled), 0.01) and not sink(frame(1, pooled), 0.01)
+    assert taken == [0, 0] and keeper.stats("gate")["frames_missed"] == 0
+    keeper.done("gate", 0.0)  # frame 0 routed: the next slice finds its buffer
+    assert sink(frame(1, pooled), 0.01) and taken == [0, 0, 1]
+    kept = keeper.find("gate", 1, 1.0)
+    assert kept is not None and kept[0, 0, 0] == 1
+    assert keeper.stats("gate") == {"frames_kept": 2, "frames_missed": 0, "bytes": pooled.nbytes}
+
+
+def test_a_lossless_camera_is_kept_with_nothing_in_view_and_not_without_snapshots():
+    keeper = FrameKeeper(depth=2)
+    keeper.add("file", wait=True)
+    keeper.add("live")
+    for camera in ("file", "live"):
+        keeper.want(camera, True, False)  # snapshots on, nobody in view in the last routed frame
+    pooled = np.zeros((4, 6, 3), np.uint8)
+    for camera in ("file", "live"):
+        keeper.offer(Frame(camera, 0, pooled, 1.7e9, 0.0))
+    assert keeper.find("file", 0, 0.0) is not None  # its reader runs ahead: the next frames may matter
+    assert keeper.find("live", 0, 0.0) is None
+    keeper.want("file", False, True)  # its events take no snapshots
+    keeper.offer(Frame("file", 1, pooled, 1.7e9 + 1, 1.0))
+    assert keeper.find("file", 1, 1.0) is None

@@ -7,15 +7,20 @@ on (see `sources.framepool`, `pipeline.intake`). An event's best shot is decided
 after tracking, so a frame that might become one has to be kept from the reader's side.
 
 A camera is *wanted* while the tracking stage saw objects in its last frame (candidates or live
-tracks): only then can a frame become a best shot. While wanted, the reader copies each frame into
+tracks): only then can a frame become a best shot. A lossless file (`realtime: false`) is wanted
+whenever its events have snapshots: its reader runs ahead of the router by more frames than an
+event needs to be confirmed, so frames offered before the router saw the first object could be
+the ones an event's best shot falls on. While wanted, the reader copies each frame into
 one of `depth` frame-sized buffers the camera owns (allocated once per frame size, never per
 frame; a 1080p copy costs about half a millisecond); the router finds it by (seq, capture time)
 and lets it and every older one go once the frame's sinks have run. With every buffer held by
 frames still in flight, a live camera's frame is not kept (counted in `missed`): its best shot, if
 it was one, is skipped, and the next one is taken. A lossless file (`realtime: false`) has more
 frames in flight than buffers, and nothing to lose by waiting (its reader waits for the queue
-anyway): its reader waits, within the sink's timeout, for a buffer to come back, so every frame is
-kept. A camera not wanted for `FREE_AFTER_S` frees its buffers.
+anyway): its reader waits for a buffer to come back, so every frame is kept. The reader hands a
+frame over in slices of its sink's timeout (to honour stop); a slice that found no buffer returns
+False so the reader offers the same frame again, and a frame already kept is not kept twice. A
+camera not wanted for `FREE_AFTER_S` frees its buffers.
 
 A kept frame is scaled down to fit SHOT_MAX_SIDE pixels on its long side (960x540 from 1080p or
 4K), enough for an event's picture: full 1080p copies cost a camera up to 18.7 MB while objects
@@ -102,29 +107,36 @@ class FrameKeeper:
         self.add(camera, wait)
 
         def tapped(frame: Frame, timeout_s: float) -> bool:
-            self.offer(frame, timeout_s)
-            return sink(frame, timeout_s)
+            return self.offer(frame, timeout_s) and sink(frame, timeout_s)
 
         return tapped
 
     # -- the reader's side -------------------------------------------------------------------
-    def offer(self, frame: Frame, timeout_s: float = 0.0) -> None:
+    def offer(self, frame: Frame, timeout_s: float = 0.0) -> bool:
+        """Keep `frame` if its camera is wanted. False only for a lossless camera that found no
+        free buffer within `timeout_s`: offer the same frame again (a live camera's frame is
+        counted as missed instead)."""
         kept = self._cameras.get(frame.camera)
         if kept is None:
-            return
+            return True
         if not kept.wanted:
             self._maybe_free(kept)
-            return
+            return True
         kept.unwanted_since = 0.0
-        image = frame.image
+        image, key = frame.image, (frame.seq, frame.capture_mono)
         with kept.lock:
+            if any(s.key == key for s in kept.slots):
+                return True  # kept by an earlier slice; the sink refused it then
             slot = next((s for s in kept.slots if s.key is None), None)
-            if slot is None and kept.wait and timeout_s > 0:
-                kept.freed.wait_for(lambda: any(s.key is None for s in kept.slots), timeout_s)
+            if slot is None and kept.wait:
+                if timeout_s > 0:
+                    kept.freed.wait_for(lambda: any(s.key is None for s in kept.slots), timeout_s)
                 slot = next((s for s in kept.slots if s.key is None), None)
+                if slot is None:
+                    return False
             if slot is None:
                 kept.missed += 1
-                return
+                return True
             shape = kept_shape(image.shape)
             if slot.buffer is None or slot.buffer.shape != shape or slot.buffer.dtype != image.dtype:
                 slot.buffer = np.empty(shape, image.dtype)
@@ -133,8 +145,9 @@ class FrameKeeper:
                 np.copyto(slot.buffer, image)
             else:
                 cv2.resize(image, (shape[1], shape[0]), dst=slot.buffer, interpolation=cv2.INTER_AREA)
-            slot.key = (frame.seq, frame.capture_mono)
+            slot.key = key
             kept.kept += 1
+        return True
 
     def _maybe_free(self, kept: _Kept) -> None:
         now = self._clock()
@@ -149,10 +162,12 @@ class FrameKeeper:
                     slot.buffer = None
 
     # -- the router's side -------------------------------------------------------------------
-    def want(self, camera: str, wanted: bool) -> None:
+    def want(self, camera: str, snapshots: bool, in_view: bool) -> None:
+        """Whether `camera`'s next frames are kept: its events take snapshots, and objects are in
+        view (a lossless camera: always, see the module's docstring)."""
         kept = self._cameras.get(camera)
         if kept is not None:
-            kept.wanted = wanted
+            kept.wanted = snapshots and (in_view or kept.wait)
 
     def find(self, camera: str, seq: int, capture_mono: float) -> np.ndarray | None:
         """Frame `seq` of `camera` (scaled to SHOT_MAX_SIDE), valid until `done` for it; None when

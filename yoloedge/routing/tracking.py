@@ -83,7 +83,7 @@ class TrackingStage(Stage):
         """A camera added, or its settings changed by a reload: tracks and events go on."""
         cam = self._cameras.get(config.name)
         if self.keeper is not None:  # frames for best shots: only where events can have them
-            self.keeper.want(config.name, tracking_of(config).enabled and config.event_snapshots_mb > 0)
+            self.keeper.want(config.name, tracking_of(config).enabled and config.event_snapshots_mb > 0, True)
         if not tracking_of(config).enabled:
             if cam is not None:
                 self.remove(config.name, forget=False)
@@ -181,7 +181,7 @@ class TrackingStage(Stage):
         if batch.best and self.keeper is not None:
             image = self.keeper.find(result.camera, result.seq, result.capture_mono)
         if self.keeper is not None:
-            self.keeper.want(result.camera, cam.config.event_snapshots_mb > 0 and bool(len(candidates) or frame.tracks))
+            self.keeper.want(result.camera, cam.config.event_snapshots_mb > 0, bool(len(candidates) or frame.tracks))
         return dataclasses.replace(result, track_ids=track_ids, tracks=frame, events=batch, image=image)
 
     def done(self, result: FrameResult) -> None:
