@@ -30,9 +30,18 @@ def default_cache_dir(environ: Mapping[str, str]) -> str:
     return os.path.join(home, ".cache", CACHE_APP_DIR)
 
 
+def stem_name(path: str) -> str:
+    """The name a model gets from its file (a single `model:`): the file's stem, with what a
+    name may not hold (topic wildcards, `/`, spaces) replaced by `_`."""
+    stem = os.path.splitext(os.path.basename(path))[0] or "model"
+    return "".join("_" if ch in "/+#" or ch.isspace() else ch for ch in stem)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """Each field is a key: its meaning, type and bounds are its Key in `config.loader.MODEL_FIELDS`."""
+    """Each field is a key: its meaning, type and bounds are its Key in `config.loader.MODEL_FIELDS`.
+    `name` is what cameras and accelerators refer to, and what results say they came from; left
+    empty, it is the file's stem (`stem_name`)."""
 
     path: str
     format: str | None = None
@@ -49,6 +58,11 @@ class ModelConfig:
     letterbox: str | None = None
     color: str | None = None
     normalize: bool | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", stem_name(self.path))
 
 
 @dataclass(frozen=True)

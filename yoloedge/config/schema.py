@@ -235,6 +235,7 @@ class Config:
     """Each field is a key: its meaning, type and bounds are its Key in `config.loader.TOP_FIELDS`."""
 
     device_id: str
+    #: the first (or only) model: what single-model tools (detect, verify, bench) use
     model: ModelConfig
     accelerators: tuple[AcceleratorConfig, ...]
     cameras: tuple[CameraConfig, ...] = ()
@@ -248,3 +249,18 @@ class Config:
     shutdown_timeout_s: float = 10.0
     #: the file this was loaded from (for status and reload)
     source: str = ""
+    #: every model, in the order written (`models:`; a single `model:` is the one)
+    models: tuple[ModelConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            object.__setattr__(self, "models", (self.model,))
+
+    def group_models(self, accelerator: str) -> tuple[ModelConfig, ...]:
+        """The models the accelerator group `accelerator` loads, in `models:` order."""
+        return self.models
+
+    def camera_models(self, camera: CameraConfig) -> tuple[ModelConfig, ...]:
+        """The models `camera`'s frames go to, in `models:` order (a subset of its group's)."""
+        group = camera.accelerator or (self.accelerators[0].name if self.accelerators else "")
+        return self.group_models(group)

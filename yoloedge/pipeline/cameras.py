@@ -36,8 +36,11 @@ def queue_size_for(config: CameraConfig, batch: int) -> int:
 
 class CameraRuntime:
     def __init__(self, config: CameraConfig, group: str, queue: FrameQueue | None,
-                 reader: CameraReader | None, failed: str | None = None, intake: CameraIntake | None = None):
+                 reader: CameraReader | None, failed: str | None = None, intake: CameraIntake | None = None,
+                 models: Sequence[str] = ()):
         self.config = config
+        #: the names of the models its frames go to, in `models:` order
+        self.models = tuple(models)
         self.failed = failed  # why the camera could not be started at all (its accelerator failed)
         self.group = group
         self.queue = queue

@@ -20,10 +20,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ModelInfo:
+    name: str  # `ModelConfig.name`: what the results say they came from
     labels: tuple[str, ...]
     layout: Layout
     postprocess: Postprocessor
 
     @classmethod
     def of(cls, detector: Detector) -> ModelInfo:
-        return cls(tuple(detector.labels), detector.layout, detector.postprocess_one)
+        return cls(detector.config.name, tuple(detector.labels), detector.layout, detector.postprocess_one)
