@@ -83,7 +83,7 @@ def states(sub, camera: str) -> list[str]:
 
 def check_message_schema(msg: dict, camera: str, width: int, height: int) -> None:
     assert set(msg) == {"v", "camera", "frame", "ts", "width", "height", "model", "latency_ms", "detections"}
-    assert msg["v"] == 1 and msg["camera"] == camera and msg["model"] == "yolov8n_coco_int8.onnx"
+    assert msg["v"] == 1 and msg["camera"] == camera and msg["model"] == "yolov8n_coco_int8"
     assert (msg["width"], msg["height"]) == (width, height)
     assert TS_PATTERN.match(msg["ts"]), msg["ts"]
     assert isinstance(msg["frame"], int) and msg["latency_ms"] >= 0
@@ -370,7 +370,7 @@ def test_a_dry_run_on_the_simulated_device_publishes_the_models_real_detections(
         assert list(frames) == sorted(frames), "published in frame order"
         for msgs in frames.values():
             msg = msgs[0]
-            assert (msg["width"], msg["height"]) == (width, height) and msg["model"] == "model.onnx"
+            assert (msg["width"], msg["height"]) == (width, height) and msg["model"] == "model"
             assert not mismatches(msg["detections"], expected), mismatches(msg["detections"], expected)
     report = status(config["control"]["socket"])
     worker = report["accelerators"][0]

@@ -417,7 +417,7 @@ def test_auto_picks_gstreamer_here_and_status_says_so(media, gst_modules, run_re
     assert states.wait_for(CameraState.ENDED, 20)
     assert reader.stats()["decoder"] == "gstreamer" and len(collector.seen) == 84
     from yoloedge.pipeline.cameras import CameraRuntime
-    assert CameraRuntime(config, "cpu", collector.queue, reader).status()["decoder"] == "gstreamer"
+    assert CameraRuntime(config, "cpu", None, reader).status()["decoder"] == "gstreamer"
     from yoloedge.sources.opening import choose_decoder
     rtsp = choose_decoder(CameraConfig(name="c", url="rtsp://127.0.0.1/s", decoder="auto"))
     assert (rtsp.decoder, rtsp.element) == (Decoder.GSTREAMER, "avdec_h264")

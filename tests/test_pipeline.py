@@ -20,6 +20,7 @@ from yoloedge.pipeline.post import PostStage
 from yoloedge.pipeline.prepare import Preparer
 from yoloedge.pipeline.queues import FrameQueue, QueueClosed
 from yoloedge.pipeline.worker import DeviceWorker, WorkerState
+from yoloedge.pipeline.served import ServedModel
 from yoloedge.preprocess import Resizer, compute_geometry
 from yoloedge.sources.frame import Frame
 
@@ -338,8 +339,8 @@ class Pipeline:
         acc = AcceleratorConfig(batch=batch, max_consecutive_errors=max_errors, inference_timeout_s=5,
                                 input_buffers=input_buffers)
         cfg = model_config or ModelConfig(path=model, format="v8", labels=["red", "blue"], conf=0.1)
-        self.workers = [DeviceWorker(f"test/{i}", acc, i, cfg, self.batcher, self.post, self.tracker,
-                                     lambda b=b: b) for i, b in enumerate(backends)]
+        self.workers = [DeviceWorker(f"test/{i}", acc, i, [ServedModel(cfg, self.batcher, self.post, lambda b=b: b)],
+                                     self.tracker) for i, b in enumerate(backends)]
         self.post.start()
         for w in self.workers:
             w.start()
@@ -468,8 +469,9 @@ def test_a_model_that_cannot_load_is_reported_not_raised(tmp_path):
     bad.write_bytes(b"not a model")
     batcher = Batcher(timeout_s=0.02)
     post = PostStage("t", lambda *a: None)
-    w = DeviceWorker("test/0", AcceleratorConfig(), 0, ModelConfig(path=str(bad)), batcher, post,
-                     ProgressTracker(), lambda: OnnxRuntimeBackend(str(bad)))
+    w = DeviceWorker("test/0", AcceleratorConfig(), 0,
+                     [ServedModel(ModelConfig(path=str(bad)), batcher, post, lambda: OnnxRuntimeBackend(str(bad)))],
+                     ProgressTracker())
     w.start()
     assert w.ready.wait(10)
     w.join(5)
@@ -615,8 +617,9 @@ def test_stopping_waits_for_post_processing_to_return_the_outputs_before_closing
 
 
 def test_worker_states_change_only_along_allowed_transitions():
-    w = DeviceWorker("test/0", AcceleratorConfig(), 0, ModelConfig(path="unused.onnx"), Batcher(timeout_s=0.02),
-                     PostStage("t", lambda *a: None), ProgressTracker(), lambda: OnnxRuntimeBackend("unused.onnx"))
+    w = DeviceWorker("test/0", AcceleratorConfig(), 0,
+                     [ServedModel(ModelConfig(path="unused.onnx"), Batcher(timeout_s=0.02), PostStage("t", lambda *a: None),
+                                  lambda: OnnxRuntimeBackend("unused.onnx"))], ProgressTracker())
     with pytest.raises(RuntimeError, match="no transition from starting to restarting"):
         w._transition(WorkerState.RESTARTING)
     w._transition(WorkerState.RUNNING)

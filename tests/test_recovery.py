@@ -47,6 +47,7 @@ from yoloedge.pipeline.prepare import Preparer  # noqa: E402
 from yoloedge.pipeline import incarnation as incarnation_module  # noqa: E402
 from yoloedge.pipeline import worker as worker_module  # noqa: E402
 from yoloedge.pipeline.worker import DeviceWorker, RestartPolicy, WorkerState  # noqa: E402
+from yoloedge.pipeline.served import ServedModel  # noqa: E402
 from yoloedge.preprocess import Resizer  # noqa: E402
 from yoloedge.sources.frame import Frame  # noqa: E402
 
@@ -125,8 +126,9 @@ class Rig:
         self.post = PostStage("rig", self.sink, max_threads=2)
         acc = AcceleratorConfig(batch=2, max_consecutive_errors=max_errors, inference_timeout_s=TIMEOUT_S)
         cfg = ModelConfig(path=model, format="v8", labels=["red", "blue"], conf=0.1)
-        self.workers = [DeviceWorker(f"rig/{d}", acc, d, cfg, self.batcher, self.post, self.tracker, factory,
-                                     clock=self.clocks[d], restart=POLICY) for d, factory in enumerate(factories)]
+        self.workers = [DeviceWorker(f"rig/{d}", acc, d, [ServedModel(cfg, self.batcher, self.post, factory)],
+                                     self.tracker, clock=self.clocks[d], restart=POLICY)
+                        for d, factory in enumerate(factories)]
         self.post.start()
         for w in self.workers:
             w.start()
@@ -502,8 +504,8 @@ def test_start_up_never_waits_for_a_device_thread_that_failed(tmp_path, monkeypa
     post = PostStage("solo", Sink())
     acc = AcceleratorConfig(batch=2, inference_timeout_s=TIMEOUT_S)
     cfg = ModelConfig(path=model, format="v8", labels=["red", "blue"], conf=0.1)
-    worker = DeviceWorker("solo/0", acc, 0, cfg, batcher, post, ProgressTracker(),
-                          lambda: OnnxRuntimeBackend(model), clock=Clock(), restart=POLICY)
+    worker = DeviceWorker("solo/0", acc, 0, [ServedModel(cfg, batcher, post, lambda: OnnxRuntimeBackend(model))],
+                          ProgressTracker(), clock=Clock(), restart=POLICY)
     post.start()
     worker.start()
     try:
@@ -545,7 +547,7 @@ def test_status_does_not_wait_for_a_backend_being_constructed(tmp_path):
         wait_until(lambda: card1.state is WorkerState.BACKOFF, what="card 1 let go")
         rig.clocks[1].advance(POLICY.max_delay_s)
         wait_until(lambda: card1.state is WorkerState.RUNNING and card1.stats.restarts == 1, what="card 1 open again")
-        assert card1.loaded.backend is made[1], "the reopening uses the backend prepared for it"
+        assert card1.detector.backend is made[1], "the reopening uses the backend prepared for it"
     finally:
         proceed.set()
         rig.stop()
@@ -558,7 +560,7 @@ def test_device_memory_that_post_processing_still_holds_is_never_freed(tmp_path,
     faults = Faults()
     rig, _ = ort_rig(tmp_path, faults)
     card1, clock = rig.workers[1], rig.clocks[1]
-    first = card1.loaded.backend
+    first = card1.detector.backend
     try:
         rig.sink.keep_from = "rig/1"
         rig.feed_until(lambda: rig.sink.kept, "post-processing keeps an output set of card 1")
@@ -631,7 +633,7 @@ def test_a_model_file_changed_on_disk_is_not_loaded_by_a_reopening(tmp_path, mak
             assert f"model file {model} changed since the service started" in error, error
             assert hashlib.sha256(original).hexdigest()[:16] in error and _sha256(other)[:16] in error, error
             assert "restart the service" in error and "put the original back" in error, error
-            assert card1.stats.restarts == 0 and card1.loaded.backend.closed, "the card stays down"
+            assert card1.stats.restarts == 0 and card1.detector.backend.closed, "the card stays down"
             assert card1.next_retry_mono - clock() > delay, "retried with the usual (growing) backoff"
         assert [p.source for p in rig.tracker.check()] == ["rig/1"] and rig.tracker.making_progress()
         served_by_0 = sum(1 for *_, d in rig.sink.snapshot() if d == "rig/0")
@@ -642,7 +644,7 @@ def test_a_model_file_changed_on_disk_is_not_loaded_by_a_reopening(tmp_path, mak
         Path(model).write_bytes(original)  # the original is back
         clock.advance(card1.next_retry_mono - clock())
         wait_until(lambda: card1.state is WorkerState.RUNNING and card1.stats.restarts == 1, what="card 1 open again")
-        assert card1.loaded.input.height == SIZE and len(card1.loaded.labels) == 2
+        assert card1.detector.input.height == SIZE and len(card1.detector.labels) == 2
         served_by_1 = sum(1 for *_, d in rig.sink.snapshot() if d == "rig/1")
         rig.feed_until(lambda: sum(1 for *_, d in rig.sink.snapshot() if d == "rig/1") > served_by_1,
                        "card 1 serves again")

@@ -104,7 +104,7 @@ def test_a_reload_that_removes_cameras_frees_their_pictures_without_the_cyclic_c
         for cycle in range(6):
             reload_with(daemon, tmp_path, CAMERAS)
             # each camera has cycled through its whole ring (a picture per frame, oldest first)
-            wait_for(lambda: all(c.reader.stats()["frames_out"] > 2 * c.queue.maxsize + 4
+            wait_for(lambda: all(c.reader.stats()["frames_out"] > 2 * max(q.maxsize for q in c.feed.queues.values()) + 4
                                  for c in daemon.cameras.runtimes.values()), what="frames from every camera")
             pictures = ring_pictures()
             assert len(pictures) >= CAMERAS

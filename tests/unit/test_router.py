@@ -46,7 +46,7 @@ def _dets(scores: list[float], classes: list[int]) -> Detections:
 def _router(sinks, stages=(), **camera) -> ResultRouter:
     config = CameraConfig(name="gate", url="synthetic://", **camera)
     cameras = {"gate": CameraRuntime(config, "cpu0", None, None)}
-    return ResultRouter(cameras, "models/yolo.onnx", sinks=sinks, stages=stages, clock=lambda: 100.0,
+    return ResultRouter(cameras, sinks=sinks, stages=stages, clock=lambda: 100.0,
                         wall_clock=lambda: 1.7e9)
 
 
@@ -58,7 +58,7 @@ def test_a_raising_sink_is_counted_and_every_other_sink_still_gets_every_frame()
     before, after = Recorder("before"), Recorder("after")
     router = _router([before, Broken(), after])
     for seq in range(5):
-        router.route(_meta(seq), _dets([0.9], [0]), LABELS, 95.0, 96.0)
+        router.route(_meta(seq), _dets([0.9], [0]), "yolo", LABELS, 95.0, 96.0)
     router.camera_state("gate", CameraState.STREAMING, None)
     expected = [("gate", seq, 1) for seq in range(5)]
     assert before.frames == expected and after.frames == expected
@@ -72,8 +72,8 @@ def test_a_raising_sink_is_counted_and_every_other_sink_still_gets_every_frame()
 def test_sinks_see_the_cameras_filters_applied_and_frames_of_removed_cameras_are_dropped():
     sink = Recorder("r")
     router = _router([sink], classes=("car",), min_score=0.5)
-    router.route(_meta(0), _dets([0.9, 0.8, 0.4], [0, 1, 1]), LABELS, 95.0, 96.0)
-    router.route(_meta(1, camera="gone"), _dets([0.9], [1]), LABELS, 95.0, 96.0)
+    router.route(_meta(0), _dets([0.9, 0.8, 0.4], [0, 1, 1]), "yolo", LABELS, 95.0, 96.0)
+    router.route(_meta(1, camera="gone"), _dets([0.9], [1]), "yolo", LABELS, 95.0, 96.0)
     assert sink.frames == [("gate", 0, 1)]
 
 
@@ -105,9 +105,9 @@ def test_a_failing_stage_is_counted_and_the_frame_still_reaches_the_sinks_with_t
             seen.append(result.message)
 
     router = _router([Messages()], stages=[BrokenStage(), Tagger()])
-    router.route(_meta(3), _dets([0.9, 0.7], [0, 1]), LABELS, 95.0, 96.0)
+    router.route(_meta(3), _dets([0.9, 0.7], [0, 1]), "yolo", LABELS, 95.0, 96.0)
     assert router.errors("broken_stage") == 1
     [message] = seen
     assert [d["track_id"] for d in message["detections"]] == ["t0", None]
     assert [d["label"] for d in message["detections"]] == ["person", "car"]
-    assert message["frame"] == 3 and message["model"] == "yolo.onnx"
+    assert message["frame"] == 3 and message["model"] == "yolo"

@@ -47,7 +47,7 @@ def test_candidates_feed_the_tracker_and_ids_land_on_the_published_detections():
                           lines=(LineConfig("mid", ((0.5, 0.0), (0.5, 1.0))),))
     cameras = {"gate": CameraRuntime(config, "cpu0", None, None)}
     stage = TrackingStage(CountsStore(None), FrameKeeper(), emit=lambda camera, batch: router.events(camera, batch))
-    router = ResultRouter(cameras, "m.onnx", sinks=[collect], stages=[stage])
+    router = ResultRouter(cameras, sinks=[collect], stages=[stage])
     stage.configure(config, LABELS)
     (camera, first), = collect.batches  # the counts at start: zeros
     assert camera == "gate" and [c.payload["in"] for c in first.counts] == [{}]
@@ -55,7 +55,7 @@ def test_candidates_feed_the_tracker_and_ids_land_on_the_published_detections():
     for seq in range(12):
         meta = SlotMeta(camera="gate", seq=seq, capture_time=1000.0 + seq, capture_mono=float(seq),
                         frame_time=1000.0 + seq * 0.1)
-        router.route(meta, frame_dets(100.0 + 30 * seq), LABELS, 0.0, 0.0)
+        router.route(meta, frame_dets(100.0 + 30 * seq), "m", LABELS, 0.0, 0.0)
     messages = [r.message for r in collect.results]
     assert all(len(m["detections"]) == 1 and m["detections"][0]["label"] == "car" for m in messages)
     ids = [m["detections"][0]["track_id"] for m in messages]
@@ -76,11 +76,11 @@ def test_without_candidates_from_post_processing_the_stage_passes_the_frame_on()
     collect = Collect()
     config = CameraConfig(name="gate", url="synthetic://")
     stage = TrackingStage(CountsStore(None))
-    router = ResultRouter({"gate": CameraRuntime(config, "cpu0", None, None)}, "m.onnx", sinks=[collect],
+    router = ResultRouter({"gate": CameraRuntime(config, "cpu0", None, None)}, sinks=[collect],
                           stages=[stage])
     stage.configure(dataclasses.replace(config), LABELS)
     dets = frame_dets(100.0)
-    router.route(SlotMeta(camera="gate", seq=0), dataclasses.replace(dets, confident=None), LABELS, 0.0, 0.0)
+    router.route(SlotMeta(camera="gate", seq=0), dataclasses.replace(dets, confident=None), "m", LABELS, 0.0, 0.0)
     (result,) = collect.results
     assert result.track_ids is None and "track_id" not in result.message["detections"][0]
 

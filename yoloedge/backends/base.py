@@ -34,9 +34,14 @@ from ..model.spec import ModelSpec
 log = logging.getLogger(__name__)
 
 
+class DeviceScope:
+    """What the backends of one opening of one device share (placeholder: nothing yet)."""
+
+
 class Backend(ABC):
     #: Catalogue key (`config.catalogue`), e.g. "onnxruntime", "ascend".
     name: str = ""
+    scope: DeviceScope | None = None
 
     def __init__(self, model_path: str, config: Any = None) -> None:
         """Cheap and device-free: the worker constructs the backend anywhere, then calls `open` on
@@ -85,6 +90,16 @@ class Backend(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release device resources in reverse order of acquisition; safe to call twice."""
+
+    def use_scope(self, scope: DeviceScope) -> None:
+        """What the backends one worker thread opens on one device share (see `DeviceScope`);
+        called before `open`. Not called: the backend shares nothing."""
+        self.scope = scope
+
+    def memory(self) -> dict | None:
+        """What this model's buffers take (`device_bytes`, `host_bytes`); None when unknown.
+        Called from other threads: no device calls."""
+        return None
 
     def telemetry(self) -> dict | None:
         """Device health for status (temperature, memory, ...); None when the backend has none.

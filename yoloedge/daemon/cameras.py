@@ -19,7 +19,7 @@ import difflib
 import logging
 import threading
 import time
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from ..config.schema import CameraConfig, Config
 from ..events.recent import EventLog
@@ -91,18 +91,21 @@ class CameraSet:
     def add(self, camera: CameraConfig) -> None:
         parts = self.parts
         group = self.group_for(camera)
-        warn_unknown_classes(camera, group)
-        intake = queue = reader = None
+        feed = reader = None
+        wanted = [m.name for m in self._settings().camera_models(camera)]
+        warn_unknown_classes(camera, group, wanted)
         failed = None if group.serving else f"accelerator {group.name} did not start"
         if camera.enabled and failed is None:
-            intake = group.add_camera(camera.name, queue_size_for(camera, group.config.batch), is_lossless(camera))
-            queue = intake.queue
-            reader = CameraReader(camera, parts.snapshots.tap(camera.name, parts.keeper.tap(camera.name, intake,
+            feed = group.add_camera(camera.name, queue_size_for(camera, group.config.batch), is_lossless(camera),
+                                    wanted)
+            reader = CameraReader(camera, parts.snapshots.tap(camera.name, parts.keeper.tap(camera.name, feed,
                                                                                   is_lossless(camera))),
                                   self._settings().health.stall_timeout_s, parts.results.camera_state,
                                   pool=parts.frames)
-        runtime = CameraRuntime(camera, group.name, queue, reader, failed=failed if camera.enabled else None,
-                                intake=intake)
+        runtime = CameraRuntime(camera, group.name, feed, reader, failed=failed if camera.enabled else None,
+                                models=list(feed.intakes) if feed is not None else wanted)
+        errors = group.model_errors()
+        runtime.model_errors = {name: errors[name] for name in wanted if name in errors}
         parts.snapshots.add(camera.name)
         parts.events.configure_camera(camera)
         with self.lock:
@@ -124,7 +127,7 @@ class CameraSet:
         runtime.stop()
         if not runtime.join(self._settings().shutdown_timeout_s):
             log.warning("camera %s reader did not stop in time", name, extra={"camera": name})
-        dropped = self._groups()[runtime.group].batcher.remove_camera(name)
+        dropped = self._groups()[runtime.group].remove_camera(name)
         runtime.close()  # its pictures go now, not when a lingering capture thread lets go
         if not self._removed:
             self._removed_since = time.monotonic()
@@ -161,7 +164,7 @@ class CameraSet:
             group = self.group_for(camera)
         except (KeyError, StopIteration):
             return  # no such accelerator: `add` failed before it registered anything
-        group.batcher.remove_camera(camera.name)
+        group.remove_camera(camera.name)
 
     def _apply_live(self, camera: CameraConfig) -> None:
         """Zones, lines, publish and tracking change under a running camera: its tracks go on."""
@@ -210,14 +213,18 @@ class CameraSet:
             log.info("%.0f MB of memory freed by removed cameras returned to the system", released / 2**20)
 
 
-def warn_unknown_classes(camera: CameraConfig, group: AcceleratorGroup) -> None:
-    """The config check cannot know the model's labels; a typo would silently hide everything."""
-    detector = group.detector
-    if camera.classes is None or detector is None:
+def warn_unknown_classes(camera: CameraConfig, group: AcceleratorGroup, models: Sequence[str]) -> None:
+    """The config check cannot know the labels of a model without metadata in the config; a typo
+    would silently hide everything."""
+    labels: list[str] = []
+    for model in models:
+        detector = group.detector_of(model)
+        labels += [label for label in (detector.labels if detector is not None else ()) if label not in labels]
+    if camera.classes is None or not labels:
         return
     for name in camera.classes:
-        if name not in detector.labels:
-            close = difflib.get_close_matches(name, detector.labels, n=1)
+        if name not in labels:
+            close = difflib.get_close_matches(name, labels, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            log.warning("camera %s: class %r is not one of the model's labels%s; it will never match",
+            log.warning("camera %s: class %r is not one of its models' labels%s; it will never match",
                         camera.name, name, hint, extra={"camera": camera.name})

@@ -103,7 +103,8 @@ class Daemon:
         self.groups: dict[str, AcceleratorGroup] = {}
         self.publisher: MqttPublisher | None = None
         #: Home Assistant entities announced; outlives a publisher replaced by a reload.
-        self.discovery = Discovery(config.device_id, __version__, os.path.basename(config.model.path))
+        self.discovery = Discovery(config.device_id, __version__,
+                                   ", ".join(os.path.basename(m.path) for m in config.models))
         self.control: ControlServer | None = None
         self.snapshots = SnapshotStore()  # each camera's latest processed frame (ctl snapshot, HTTP)
         #: each camera's recent events and their best shots, fed by the router (`events.recent`)
@@ -128,7 +129,7 @@ class Daemon:
                                       emit=lambda camera, batch: self.results.events(camera, batch))
         runtimes: dict[str, CameraRuntime] = {}  # the result router looks each frame's camera up here
         # one plain read per frame (no lock on the frames' path): a single read cannot see it change
-        self.results = ResultRouter(runtimes, config.model.path, stages=[self.tracking], sinks=build_sinks(
+        self.results = ResultRouter(runtimes, stages=[self.tracking], sinks=build_sinks(
             SinkContext(lambda: self.publisher, snapshots=self.snapshots, watchers=self.watchers,
                         event_log=self.events)))
         #: the BGR buffers the cameras' OpenCV captures retrieve their kept frames into, lent for a
@@ -234,8 +235,8 @@ class Daemon:
     def _start_accelerators(self, cfg: Config) -> bool:
         # Built whole, then published: `status()` answers from the control thread meanwhile, and
         # iterating a dict while this thread inserts into it raises.
-        self.groups = {name: AcceleratorGroup(name, acc, cfg.model, self.tracker, self.results,
-                                                self.results.floor)
+        self.groups = {name: AcceleratorGroup(name, acc, cfg.group_models(acc.name) if acc.name else cfg.models,
+                                              self.tracker, self.results, self.results.floor)
                        for name, acc in zip(accelerator_names(cfg), cfg.accelerators)}
         for group in self.groups.values():
             group.start()
@@ -244,6 +245,10 @@ class Daemon:
         failed = [w for g in self.groups.values() for w in g.workers if w.state is WorkerState.FAILED]
         for w in failed:
             log.error("accelerator %s failed to start: %s", w.worker_name, w.startup_error)
+        for group in self.groups.values():
+            for model, error in group.model_errors().items():
+                log.error("accelerator %s: model %s could not be loaded on any device (%s); its cameras get "
+                          "the group's other models", group.name, model, error)
         if all(not g.running_workers for g in self.groups.values()) and not self._stop.is_set():
             message = "; ".join(f"{w.worker_name}: {w.startup_error}" for w in failed) or "no devices"
             log.critical("no accelerator could load the model, giving up: %s", message)
@@ -378,7 +383,7 @@ class Daemon:
             if not any(g.busy() for g in self.groups.values() if g.running_workers):
                 return
             time.sleep(0.05)
-        left = sum(g.batcher.pending() for g in self.groups.values())
+        left = sum(g.pending() for g in self.groups.values())
         log.warning("shutdown timeout reached with %d frame(s) still queued", left)
 
 

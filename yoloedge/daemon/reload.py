@@ -2,7 +2,7 @@
 everything back and keep running on the configuration that worked.
 
 Cameras and MQTT settings change without touching models or devices; what only a restart can
-change (device_id, model, accelerators, control) is kept and listed in status. One attempt runs at
+change (device_id, the models, accelerators, control) is kept and listed in status. One attempt runs at
 a time, on the main loop; requests from the control socket wait for an attempt that began after
 them (`reload_and_wait`).
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 #: how long a `reload` request waits for its attempt before answering "still running".
 RELOAD_WAIT_S = 30.0
 #: top-level keys a reload keeps as they are: they change only on restart
-RESTART_KEYS = ("device_id", "model", "accelerators", "control")
+RESTART_KEYS = ("device_id", "models", "accelerators", "control")
 
 
 class Reloader:
@@ -128,7 +128,8 @@ class Reloader:
         if new.mqtt != old.mqtt:
             self._replace_publisher(new.mqtt, old.mqtt)
         try:
-            daemon.config = dataclasses.replace(new, **{key: getattr(old, key) for key in RESTART_KEYS})
+            daemon.config = dataclasses.replace(new, model=old.model,
+                                                **{key: getattr(old, key) for key in RESTART_KEYS})
             daemon.cameras.apply(old.cameras, new.cameras)
         except Exception:
             daemon.config = old

@@ -150,7 +150,7 @@ def collect(daemon: Daemon) -> DaemonStatus:
     cameras_ = daemon.cameras
     groups = daemon.groups
     with cameras_.lock:
-        cameras = [CameraStatus.of(c.status(), groups[c.group].batcher.rebalanced_of(c.name),
+        cameras = [CameraStatus.of(c.status(), groups[c.group].rebalanced_of(c.name),
                                    daemon.tracking.camera_status(c.name))
                    for c in cameras_.runtimes.values()]
     accelerators = [worker_status(group.name, w, problems) for group in groups.values() for w in group.workers]

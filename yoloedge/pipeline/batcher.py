@@ -29,6 +29,11 @@ bounded queues, where a keep-latest queue drops (and counts) its oldest.
 Conditions (all on `lock`): `_work` wakes preparers (a frame or room appeared), `_batches` wakes
 workers (a buffer was sealed, completed, or opened), each queue's own condition wakes its blocked
 lossless reader.
+
+Several models: each model of a group has its own batcher (its own camera queues, buffers and
+tickets), and the batchers of one group share one `BatchSignal` (`lock` and `_batches`), so a
+device worker serving several models waits on one condition for whichever model has a batch
+(`scheduler.Scheduler`, which asks each batcher with `poll`).
 """
 
 from __future__ import annotations
@@ -51,13 +56,23 @@ from .slots import BatchBuffer
 FILL_WAIT_S = 5.0
 
 
+class BatchSignal:
+    """The lock and the "a batch may be ready" condition that the batchers of one group share."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.batches = threading.Condition(self.lock)
+
+
 class Batcher:
-    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic,
+                 signal: BatchSignal | None = None):
         self.timeout_s = timeout_s
         self._clock = clock
-        self.lock = threading.Lock()
+        self.signal = signal or BatchSignal()
+        self.lock = self.signal.lock
         self._work = threading.Condition(self.lock)
-        self._batches = threading.Condition(self.lock)
+        self._batches = self.signal.batches
         self._queues: dict[str, FrameQueue] = {}
         self._order: list[FrameQueue] = []  # round-robin order of the queues
         self._next = 0  # where the next round-robin turn starts
@@ -237,24 +252,33 @@ class Batcher:
         Seals the open buffer of this device once its batch timeout is over. None once the batcher
         is closed, or when `stop` is set and this device has nothing sealed or open."""
         with self.lock:
-            while not self._closed:
-                sealed = self._sealed.get(owner)
-                if sealed is None:
-                    return None
-                if sealed and sealed[0].ready:
-                    self._running[owner] += 1
-                    return sealed.popleft()
-                wait = idle_wait_s
-                current = self._open
-                if not sealed and current is not None and current.owner == owner and current.claimed:
-                    wait = current.opened_mono + self.timeout_s - self._clock()
-                    if wait <= 0:
-                        self._seal(current)
-                        continue
-                elif stop.is_set() and not sealed:
-                    return None
-                self._batches.wait(wait)
-            return None
+            while True:
+                got = self.poll(owner, stop, idle_wait_s)
+                if not isinstance(got, float):
+                    return got
+                self._batches.wait(got)
+
+    def poll(self, owner: str, stop: threading.Event, idle_wait_s: float = 0.5) -> BatchBuffer | float | None:
+        """`next_batch` without waiting (callers hold `lock`): a ready batch for `owner`, or how
+        long to wait on the signal before asking again, or None: nothing more comes for `owner`."""
+        while not self._closed:
+            sealed = self._sealed.get(owner)
+            if sealed is None:
+                return None
+            if sealed and sealed[0].ready:
+                self._running[owner] += 1
+                return sealed.popleft()
+            current = self._open
+            if not sealed and current is not None and current.owner == owner and current.claimed:
+                wait = current.opened_mono + self.timeout_s - self._clock()
+                if wait <= 0:
+                    self._seal(current)
+                    continue
+                return float(wait)
+            if stop.is_set() and not sealed:
+                return None
+            return float(idle_wait_s)
+        return None
 
     def release(self, buffer: BatchBuffer) -> None:
         """The device has read the buffer (the run returned, or failed): it may be refilled."""

@@ -13,8 +13,7 @@ from ..postprocess import label_of
 from ..metrics import BucketCounts, LatencyWindow, RateMeter
 from ..sources.reader import CameraReader
 from ..sources.state import CameraState
-from .intake import CameraIntake
-from .queues import FrameQueue
+from .feed import CameraFeed
 
 #: A file processed losslessly keeps this many frames per batch slot ready, so a batch can fill.
 LOSSLESS_DEPTH_PER_BATCH = 2
@@ -35,28 +34,31 @@ def queue_size_for(config: CameraConfig, batch: int) -> int:
 
 
 class CameraRuntime:
-    def __init__(self, config: CameraConfig, group: str, queue: FrameQueue | None,
-                 reader: CameraReader | None, failed: str | None = None, intake: CameraIntake | None = None,
-                 models: Sequence[str] = ()):
+    def __init__(self, config: CameraConfig, group: str, feed: CameraFeed | None,
+                 reader: CameraReader | None, failed: str | None = None, models: Sequence[str] = ()):
         self.config = config
         #: the names of the models its frames go to, in `models:` order
-        self.models = tuple(models)
+        self.models = tuple(models) if models else (tuple(feed.intakes) if feed is not None else ())
         self.failed = failed  # why the camera could not be started at all (its accelerator failed)
+        #: model name -> why this camera's frames do not go to it (it failed to load on every device)
+        self.model_errors: dict[str, str] = {}
         self.group = group
-        self.queue = queue
+        #: the reader's way into the pipeline: per model its queue and picture ring
+        self.feed = feed
         self.reader = reader
-        self.intake = intake  # the reader's way into the pipeline, with the camera's picture ring
         self.classes = frozenset(config.classes) if config.classes is not None else None
         self.latency_ms = LatencyWindow()
         self.stage_ms = {name: LatencyWindow() for name in STAGES}
         self.published = RateMeter()
-        self.published_frames = 0
+        self.published_frames = 0  # results: a frame fed to two models is published twice
+        self._published_by_model: dict[str, int] = {}
+        self._frames_lock = threading.Lock()  # models' post threads record a camera's frames at once
         self.publish_failures = 0
         self.filtered_out = 0  # frames whose detections were all filtered away (publish_empty: false)
         self.started_mono: float | None = None  # when start() began the first connection
         #: for /metrics (web.metrics): cumulative, where the windows above forget
         self.latency_buckets = BucketCounts(LATENCY_BUCKETS_S)
-        self._detections: dict[str, int] = {}  # label -> detections published
+        self._detections: dict[tuple[str, str], int] = {}  # (model, label) -> detections published
         self._detections_lock = threading.Lock()  # a scrape copies the dict while frames add labels
 
     @property
@@ -87,35 +89,54 @@ class CameraRuntime:
 
     def close(self) -> None:
         """Removed (stopped, its queue closed): free its pictures now (see `CameraIntake.close`)."""
-        if self.intake is not None:
-            self.intake.close()
+        if self.feed is not None:
+            self.feed.close()
 
     def record_frame(self, captured: float, taken: float, started: float, inferred: float,
-                     published: float) -> None:
-        """One frame handed to the sinks (monotonic times of its stages, see `routing.router`)."""
-        self.published_frames += 1
-        self.published.mark()
-        self.latency_ms.add((published - captured) * 1000)
-        self.latency_buckets.add(published - captured)
-        stages = self.stage_ms
-        stages["queue"].add((taken - captured) * 1000)
-        stages["batch"].add((started - taken) * 1000)
-        stages["inference"].add((inferred - started) * 1000)
-        stages["publish"].add((published - inferred) * 1000)
+                     published: float, model: str = "") -> None:
+        """One frame of one model handed to the sinks (monotonic times of its stages, see
+        `routing.router`)."""
+        with self._frames_lock:
+            self.published_frames += 1
+            self._published_by_model[model] = self._published_by_model.get(model, 0) + 1
+            self.published.mark()
+            self.latency_ms.add((published - captured) * 1000)
+            self.latency_buckets.add(published - captured)
+            stages = self.stage_ms
+            stages["queue"].add((taken - captured) * 1000)
+            stages["batch"].add((started - taken) * 1000)
+            stages["inference"].add((inferred - started) * 1000)
+            stages["publish"].add((published - inferred) * 1000)
 
-    def count_labels(self, class_ids: np.ndarray, labels: Sequence[str]) -> None:
-        """One frame's detections as published, per label (the label the message gives, so
-        /metrics and MQTT agree by construction)."""
+    def count_labels(self, class_ids: np.ndarray, labels: Sequence[str], model: str = "") -> None:
+        """One frame's detections as published, per model and label (the label the message gives,
+        so /metrics and MQTT agree by construction)."""
         if not len(class_ids):
             return
         with self._detections_lock:
             for cid in class_ids.tolist():
-                label = label_of(labels, cid)
-                self._detections[label] = self._detections.get(label, 0) + 1
+                key = (model, label_of(labels, cid))
+                self._detections[key] = self._detections.get(key, 0) + 1
 
-    def detections_by_label(self) -> dict[str, int]:
+    def detections_by_label(self) -> dict[tuple[str, str], int]:
+        """(model, label) -> detections published."""
         with self._detections_lock:
             return dict(self._detections)
+
+    def models_status(self) -> dict[str, dict]:
+        """Per model this camera is configured for: its queue, drops and frames published, or why
+        the camera's frames do not go to it."""
+        queues = self.feed.queues if self.feed is not None else {}
+        with self._frames_lock:
+            published = dict(self._published_by_model)
+        rows: dict[str, dict] = {}
+        for name in (*self.models, *(m for m in self.model_errors if m not in self.models)):
+            queue = queues.get(name)
+            rows[name] = {"published": published.get(name, 0),
+                          "queued": len(queue) if queue is not None else 0,
+                          "drops": queue.dropped if queue is not None else 0,
+                          "error": self.model_errors.get(name)}
+        return rows
 
     def open_captures(self) -> int:
         """Capture threads still inside OpenCV (a frozen camera's read ends at its timeout)."""
@@ -139,7 +160,8 @@ class CameraRuntime:
             "fps_out": round(self.published.rate(), 2),
             "frames_in": stats.get("frames_in"),
             "published": self.published_frames,
-            "drops": self.queue.dropped if self.queue is not None else 0,
+            "drops": self.feed.dropped if self.feed is not None else 0,
+            "models": self.models_status(),
             "sampled_out": stats.get("sampled_out"),
             "filtered_out": self.filtered_out,
             "reconnects": stats.get("reconnects"),

@@ -2,11 +2,16 @@
 releases it, and everything that thread owns (see `worker` for the supervisor that starts and
 replaces these lives).
 
-The thread opens its backend with several input sets and output sets (allocated once), warms the
-model up, and lends its input sets to the batcher. Then it only waits for a sealed batch, runs it
-from its input set into a free output set, gives the input set back for refilling and hands the
-output set to post-processing. A thread waiting for a free output set is back-pressure:
-post-processing is behind, and memory stays bounded.
+The thread opens one backend per model its group loads, each with several input sets and output
+sets (allocated once), warms each model up, and lends each model's input sets to that model's
+batcher. Then it only waits for whichever model has a sealed batch (`scheduler`), runs it from its
+input set into a free output set of that model, gives the input set back for refilling and hands
+the output set to the model's post-processing. A thread waiting for a free output set is
+back-pressure: post-processing is behind, and memory stays bounded.
+
+At the first opening a model that cannot be loaded is reported (`failed_models`) and the others
+are served; only when none loads does the opening fail. A reopening must open every model that
+the first one served, or it fails and is retried as a whole.
 
 Leaving, it takes its buffers out of the batcher (their sealed batches are given up), waits for
 post-processing to hand back its output sets and releases the device on its own thread, as pyACL
@@ -32,6 +37,9 @@ from ..backoff import Backoff
 from .detector import Detector
 from ..health.progress import DeviceCall
 from ..model import identity
+from ..backends.base import DeviceScope
+from .scheduler import Scheduler
+from .served import LoadedModel
 from .slots import BatchBuffer, OutputSet
 
 if TYPE_CHECKING:
@@ -55,15 +63,17 @@ class Incarnation:
         self.owner = f"{self.name}#{generation}"
         suffix = f"#{generation}" if generation > 1 else ""
         self.thread = threading.Thread(target=self._live, name=f"worker-{self.name}{suffix}", daemon=True)
-        self.detector: Detector | None = None
-        self.free_outputs: queue.SimpleQueue[OutputSet] = queue.SimpleQueue()
+        self.models: list[LoadedModel] = []  # the models this opening serves, in the worker's order
+        self.failed_models: dict[str, str] = {}  # model name -> why it could not be loaded (first opening)
         self.outputs_back = threading.Condition()  # notified whenever an output set comes back
-        self.output_sets = 0
         self.open_error: str | None = None  # opening the device failed
         self.failure: str | None = None  # it served, then gave up (too many failures in a row)
         self.abandoned = False  # its call hung: nothing it does from now on counts
         self.call: DeviceCall | None = None  # the device call (open or run) running now
         self.running: BatchBuffer | None = None  # the batch on the device
+        self.running_model: LoadedModel | None = None  # ... and the model it is a batch of
+        #: what the backends of this opening share on the device (one Ascend context for all its models)
+        self.scope = DeviceScope()
         self.stop = threading.Event()
         self.buffers_out = threading.Event()  # its input sets left the batcher: no preparer writes them
         self.keep_open: str | None = None  # why its device memory must not be freed (see `_leak`)
@@ -72,19 +82,13 @@ class Incarnation:
         self.done = threading.Event()  # its thread ends: the device is released (or knowingly leaked)
 
     @property
-    def loaded(self) -> Detector:
-        if self.detector is None:
-            raise RuntimeError(f"{self.owner}: the device has not started")
-        return self.detector
+    def detector(self) -> Detector | None:
+        """The first model served (status's batch and backend description)."""
+        return self.models[0].detector if self.models else None
 
     @property
     def in_flight(self) -> bool:
         return self.running is not None
-
-    def release_output_set(self, output_set: OutputSet) -> None:
-        with self.outputs_back:
-            self.free_outputs.put(output_set)
-            self.outputs_back.notify_all()
 
     def begin_call(self, what: str, deadline_s: float | None) -> float:
         """A device call starts (callers hold the worker's lock); returns when, on its clock."""
@@ -109,10 +113,11 @@ class Incarnation:
                 serving = worker.serving(self)
             except Exception as exc:  # noqa: BLE001 - any start-up failure is reported, not raised
                 worker.open_failed(self, f"{type(exc).__name__}: {exc}")
-            while serving and not self.stop.is_set():
-                buffer = worker.batcher.next_batch(self.owner, self.stop)
-                if buffer is not None:
-                    self._process(buffer)
+            scheduler = Scheduler([m.served.batcher for m in self.models], self.owner) if serving else None
+            while scheduler is not None and not self.stop.is_set():
+                job = scheduler.next_batch(self.stop)
+                if job is not None:
+                    self._process(self.models[job[0]], job[1])
         except Exception as exc:  # noqa: BLE001 - a bug or a host failure: the device is restarted
             self._thread_failed(exc)
         finally:
@@ -134,32 +139,58 @@ class Incarnation:
                 self.worker.health.abandon(reason)  # not busy any more, and unhealthy
 
     def _open(self) -> None:
-        worker, acc = self.worker, self.worker.accelerator
+        worker = self.worker
         first = self.generation == 1
         with worker.lock:  # the first opening has no deadline, see the worker's module docstring
             started = (self.begin_call("first opening of the device", None) if first
                        else self.begin_call("reopening of the device", worker.open_deadline_s))
-        if not first:  # the same model as the first opening, or none (see `model.identity`)
+        if not first:  # the same models as the first opening, or none (see `model.identity`)
             identity.check_unchanged(worker.model_files)
-        backend = worker.spare.take()
-        if not first:
-            worker.spare.reserve()  # this opening may fail and release the runtime
-        sets = acc.input_buffers + 1  # one more being post-processed while the device writes
-        self.detector = Detector(worker.model, backend, max_batch=acc.batch, input_sets=acc.input_buffers,
-                                 output_sets=sets)
-        self.detector.warm_up()
-        self.output_sets = sets
-        model = worker.describe(self.detector)
-        for index in range(sets):
-            self.free_outputs.put(OutputSet(self.name, index, self.detector.max_batch, model,
-                                            self.release_output_set))
+        errors: list[Exception] = []
+        for index, served in enumerate(worker.served):
+            if not first and served.name not in worker.serving_models:
+                continue  # it could not be loaded at the first opening: not retried
+            try:
+                self._open_model(index)
+            except Exception as exc:
+                if not first or len(worker.served) == 1:
+                    raise
+                errors.append(exc)
+                self.failed_models[served.name] = f"{type(exc).__name__}: {exc}"
+                log.error("%s: model %s cannot be loaded: %s; the device serves its other models", self.name,
+                          served.name, exc, extra={"device": self.name})
+        if not self.models:
+            raise errors[0]
         if first:
             # After loading, so a missing or bad file is reported by the backend as it always was;
             # on this thread and off the lock: hashing a large model takes a while.
-            worker.first_opened(identity.record(worker.model), max(0.0, worker.clock() - started))
-        log.info("%s ready: %s, batch %d, %d input and %d output buffers", self.name,
-                 backend.description, self.detector.max_batch, acc.input_buffers, sets,
-                 extra={"device": self.name})
+            files = tuple(f for m in self.models for f in identity.record(m.served.model))
+            worker.first_opened(files, max(0.0, worker.clock() - started))
+
+    def _open_model(self, index: int) -> None:
+        worker, acc = self.worker, self.worker.accelerator
+        served, spare = worker.served[index], worker.spares[index]
+        backend = spare.take()
+        if self.generation > 1:
+            spare.reserve()  # this opening may fail and release the runtime
+        backend.use_scope(self.scope)
+        sets = acc.input_buffers + 1  # one more being post-processed while the device writes
+        try:
+            detector = Detector(served.model, backend, max_batch=acc.batch, input_sets=acc.input_buffers,
+                                output_sets=sets)
+        except BaseException:
+            backend.close()  # what a failed open took is released by the backend itself
+            raise
+        loaded = LoadedModel(index, served, detector, self.outputs_back)
+        self.models.append(loaded)  # closed by `_leave` from now on, whatever happens next
+        detector.warm_up()
+        model = served.describe(detector)
+        for number in range(sets):
+            loaded.free_outputs.put(OutputSet(self.name, number, detector.max_batch, model,
+                                              loaded.release_output_set))
+        loaded.output_sets = sets
+        log.info("%s ready: model %s, %s, batch %d, %d input and %d output buffers", self.name, served.name,
+                 backend.description, detector.max_batch, acc.input_buffers, sets, extra={"device": self.name})
 
     def _leave(self) -> None:
         """Give back the buffers, wait for post-processing to return the output sets, release the
@@ -168,43 +199,45 @@ class Incarnation:
             self.buffers_out.wait()  # the supervisor takes them out (bounded by the batcher's wait)
         else:
             if self.failure is not None:
-                self.worker.batcher.set_down(self.name, True)
+                self.worker.set_down(True)
             self.remove_buffers("the device failed" if self.failure is not None else "the device stopped")
             self.buffers_out.set()
         # Always, a normal stop included: workers stop before post-processing, which may still read
         # the last outputs, views of device-side memory (pinned host memory on TensorRT and Ascend).
         self._await_output_sets()
         if self.failure is not None:
-            self.worker.spare.reserve()
+            for spare in self.worker.spares:
+                spare.reserve()
         if self.keep_open is not None:
             self._leak()
         else:
             self._close_device()
 
     def remove_buffers(self, reason: str) -> None:
-        """Take this life's input sets out of the batcher, giving up the frames they held. One that
+        """Take this life's input sets out of the batchers, giving up the frames they held. One that
         a preparer still writes after the batcher's wait keeps the device open (see `_leak`)."""
-        lost = self.worker.batcher.remove_buffers(self.owner)
-        for buffer in lost:
-            self.give_up(buffer, reason)
-        if any(not b.ready for b in lost):
-            self.keep_open = "a preparer is still writing into its input buffers"
+        for model in self.models:
+            lost = model.served.batcher.remove_buffers(self.owner)
+            for buffer in lost:
+                self.give_up(model, buffer, reason)
+            if any(not b.ready for b in lost):
+                self.keep_open = "a preparer is still writing into its input buffers"
 
-    def give_up(self, buffer: BatchBuffer, reason: str | None) -> None:
+    def give_up(self, model: LoadedModel, buffer: BatchBuffer, reason: str | None) -> None:
         """The buffer's frames will not be published: count them and free their ticket."""
         frames = sum(1 for m in buffer.metas[:buffer.claimed] if m.valid)
         self.worker.stats.frames_lost += frames
-        self.worker.post.skip(buffer.ticket)
+        model.served.post.skip(buffer.ticket)
         if reason and frames:
-            log.warning("%s: %d frame(s) not processed: %s", self.name, frames, reason, extra={"device": self.name})
+            log.warning("%s: %d frame(s) of model %s not processed: %s", self.name, frames, model.name, reason,
+                        extra={"device": self.name})
 
     def _await_output_sets(self) -> None:
         """Post-processing may still read outputs in this device's memory: wait (bounded) for it to
         hand every output set back; if it does not, the device is not released."""
-        post = self.worker.post
         deadline = time.monotonic() + OUTPUT_WAIT_S
         with self.outputs_back:
-            while self.free_outputs.qsize() < self.output_sets and not post.stopped:
+            while not all(m.all_back() or m.served.post.stopped for m in self.models):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self.keep_open = "post-processing still holds its output sets"
@@ -223,36 +256,39 @@ class Incarnation:
                   self.name, self.keep_open, count, extra={"device": self.name})
 
     def _close_device(self) -> None:
-        if self.detector is not None:
+        """Every model this opening loaded, the newest first (a shared context goes last)."""
+        for model in reversed(self.models):
             try:
-                self.detector.close()
+                model.detector.close()
             except Exception:  # noqa: BLE001 - teardown continues; the failure is logged
-                log.exception("%s: error while releasing the device", self.name)
+                log.exception("%s: error while releasing model %s", self.name, model.name)
 
     # -- the hot path -------------------------------------------------------------------------
-    def _process(self, buffer: BatchBuffer) -> None:
+    def _process(self, model: LoadedModel, buffer: BatchBuffer) -> None:
         worker = self.worker
-        output_set = self._acquire_output_set()
+        batcher, post = model.served.batcher, model.served.post
+        output_set = self._acquire_output_set(model)
         if output_set is None:  # stopping while post-processing holds every output set
-            worker.batcher.release(buffer)
-            self.give_up(buffer, "stopping")
+            batcher.release(buffer)
+            self.give_up(model, buffer, "stopping")
             return
         n = buffer.claimed
         with worker.lock:
             self.running = buffer
             started = self.begin_call("inference", worker.accelerator.inference_timeout_s)
+            self.running_model = model
         try:
-            outputs = self.loaded.backend.run(n, buffer.index, output_set.index)
+            outputs = model.detector.backend.run(n, buffer.index, output_set.index)
         except Exception as exc:  # noqa: BLE001 - a failed batch must not kill the worker
             with worker.lock:
                 self.running = None
                 self.end_call()
                 if self.abandoned:  # its ticket and frames were given up already
-                    self.release_output_set(output_set)
+                    model.release_output_set(output_set)
                     return
-            self.give_up(buffer, None)
-            worker.batcher.release(buffer)
-            self.release_output_set(output_set)
+            self.give_up(model, buffer, None)
+            batcher.release(buffer)
+            model.release_output_set(output_set)
             self._inference_failed(exc, n)
             return
         with worker.lock:
@@ -260,21 +296,22 @@ class Incarnation:
             self.running = None
             self.end_call()
             if self.abandoned:  # too late: the batch was given up when the call was abandoned
-                self.release_output_set(output_set)
+                model.release_output_set(output_set)
                 return
         # The frames' details move on with the outputs; the input set is refilled at once.
         output_set.metas, buffer.metas = buffer.metas, output_set.metas
         output_set.outputs, output_set.count, output_set.ticket = outputs, n, buffer.ticket
         output_set.started_mono, output_set.inferred_mono = started, finished
-        worker.batcher.release(buffer)
+        batcher.release(buffer)
         try:
-            worker.post.submit(output_set)
+            post.submit(output_set)
         except Exception:
             # Post-processing may or may not hold the set now: it is not reused (the device is
             # left, see `_await_output_sets`), and its ticket is given up so publishing goes on.
             worker.stats.frames_lost += sum(1 for m in output_set.metas[:n] if m.valid)
-            worker.post.skip(output_set.ticket)
+            post.skip(output_set.ticket)
             raise
+        model.batches += 1
         self._count_success(n, finished - started)
 
     def _count_success(self, n: int, seconds: float) -> None:
@@ -301,10 +338,10 @@ class Incarnation:
         # A failing device is retried, but not in a tight loop.
         self.stop.wait(self.error_backoff.next_delay())
 
-    def _acquire_output_set(self) -> OutputSet | None:
+    def _acquire_output_set(self, model: LoadedModel) -> OutputSet | None:
         while True:
             try:
-                return self.free_outputs.get(timeout=0.2)
+                return model.free_outputs.get(timeout=0.2)
             except queue.Empty:
-                if self.stop.is_set() and (self.worker.post.stopped or self.abandoned or self.failure):
+                if self.stop.is_set() and (model.served.post.stopped or self.abandoned or self.failure):
                     return None

@@ -1,4 +1,5 @@
-"""Device workers: one per accelerator device, owning its backend, doing nothing but execute.
+"""Device workers: one per accelerator device, owning its backends (one per model of its group),
+doing nothing but execute.
 
 Every device call (load, allocate, copy, execute, free) happens on one thread, as pyACL and CUDA
 contexts require (see `incarnation`). Letterboxing happens on the preparers' threads, decode and
@@ -54,19 +55,15 @@ import threading
 import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable
+from typing import Callable, Sequence
 
-from ..backends.base import Backend
 from ..backoff import Backoff
-from ..config.model import ModelConfig
 from ..config.schema import AcceleratorConfig
 from .detector import Detector
 from ..health.progress import DeviceHealth, ProgressTracker
 from ..model import identity
-from .batcher import Batcher
 from .incarnation import Incarnation
-from .modelinfo import ModelInfo
-from .post import PostStage
+from .served import LoadedModel, ServedModel
 from .slots import BatchBuffer
 from .spare import SpareBackend
 from .workerstats import WorkerStats
@@ -133,18 +130,15 @@ class FirstOpening:
 class DeviceWorker:
     """A device's supervisor: starts an incarnation, replaces it when it fails or hangs, reports."""
 
-    def __init__(self, name: str, accelerator: AcceleratorConfig, device: int, model: ModelConfig,
-                 batcher: Batcher, post: PostStage, tracker: ProgressTracker,
-                 backend_factory: Callable[[], Backend], clock: Callable[[], float] = time.monotonic,
-                 restart: RestartPolicy = RestartPolicy(),
-                 describe: Callable[[Detector], ModelInfo] = ModelInfo.of):
+    def __init__(self, name: str, accelerator: AcceleratorConfig, device: int, served: Sequence[ServedModel],
+                 tracker: ProgressTracker, clock: Callable[[], float] = time.monotonic,
+                 restart: RestartPolicy = RestartPolicy()):
+        if not served:
+            raise ValueError(f"{name}: a device serves at least one model")
         self.worker_name = name
         self.accelerator = accelerator
         self.device = device
-        self.model = model
-        self.describe = describe  # the model's description for post-processing (the group's, see `groups`)
-        self.batcher = batcher
-        self.post = post
+        self.served = tuple(served)  # the group's models, each with its batcher and post stage
         self.tracker = tracker
         self.restart = restart
         self.clock = clock
@@ -158,14 +152,17 @@ class DeviceWorker:
         self.lock = threading.Lock()  # see the module docstring
         self._stop_event = threading.Event()
         self._wake = threading.Event()
-        self.spare = SpareBackend(name, backend_factory, self._stop_event)
+        self.spares = [SpareBackend(name if len(served) == 1 else f"{name} {m.name}", m.factory, self._stop_event)
+                       for m in served]
         self._backoff = restart.backoff()
         self._current: Incarnation | None = None
         self._hung: list[Incarnation] = []  # abandoned incarnations whose call has not returned yet
         self._generation = 0
         self._first: FirstOpening | None = None
         self._running_since: float | None = None
-        self._last_detector: Detector | None = None
+        self._last_models: tuple[LoadedModel, ...] = ()  # what the last opening served
+        #: model name -> why the first opening could not load it (the others are served)
+        self.failed_models: dict[str, str] = {}
         self._supervisor = threading.Thread(target=self._supervise, name=f"supervise-{name}", daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -195,15 +192,23 @@ class DeviceWorker:
 
     @property
     def detector(self) -> Detector | None:
-        """The model as last opened: its description outlives a restart (same model, same format)."""
-        return self._last_detector
+        """The first model as last opened (see `detector_of`)."""
+        models = self._last_models
+        return models[0].detector if models else None
+
+    def detector_of(self, model: str) -> Detector | None:
+        """`model` as last opened: its description outlives a restart (same file, same format)."""
+        return next((m.detector for m in self._last_models if m.name == model), None)
 
     @property
-    def loaded(self) -> Detector:
-        detector = self._last_detector
-        if detector is None:
-            raise RuntimeError(f"{self.worker_name}: the device has not started")
-        return detector
+    def serving_models(self) -> frozenset[str]:
+        """The models the first opening loaded: a reopening opens these again."""
+        return frozenset(m.name for m in self.served) - self.failed_models.keys()
+
+    def set_down(self, down: bool) -> None:
+        """Tell every model's batcher this device is down (or serves again)."""
+        for served in self.served:
+            served.batcher.set_down(self.worker_name, down)
 
     @property
     def in_flight(self) -> bool:
@@ -257,7 +262,8 @@ class DeviceWorker:
         if inc is not None:
             inc.stop.set()
             inc.done.wait()  # a hung call keeps this supervisor (and join) waiting, as before
-        self.spare.discard()
+        for spare in self.spares:
+            spare.discard()
         with self.lock:
             if self.state is not WorkerState.FAILED:
                 self._transition(WorkerState.STOPPED)
@@ -267,7 +273,7 @@ class DeviceWorker:
     def _tick(self, now: float) -> None:
         """One look at the device: hung, gone, or due for a restart. Under the lock it only decides
         and changes state; the batcher, the health record's readers and the log come after it."""
-        abandoned: tuple[Incarnation, BatchBuffer | None, str] | None = None
+        abandoned: tuple[Incarnation, BatchBuffer | None, LoadedModel | None, str] | None = None
         ended: str | None = None
         delay: float | None = None
         spawn = False
@@ -279,7 +285,7 @@ class DeviceWorker:
                 inc.abandoned = True
                 inc.stop.set()
                 self._hung.append(inc)
-                abandoned = (inc, inc.running, hang)
+                abandoned = (inc, inc.running, inc.running_model, hang)
                 delay = self._retry_later(hang, now)
             elif inc is not None and inc.done.is_set() and self.state is not WorkerState.FAILED:
                 if inc.failure is None and inc.open_error is None and not inc.stop.is_set():
@@ -294,7 +300,7 @@ class DeviceWorker:
         if ended is not None:
             log.error("%s: %s", self.worker_name, ended, extra={"device": self.worker_name})
             self.health.abandon(ended)
-            self.batcher.set_down(self.worker_name, True)
+            self.set_down(True)
         if delay is not None:
             log.warning("%s: opening the device again in %.1f s", self.worker_name, delay,
                         extra={"device": self.worker_name})
@@ -320,7 +326,8 @@ class DeviceWorker:
         self.next_retry_mono = None
         return False, len(self._hung)
 
-    def _let_go(self, inc: Incarnation, running: BatchBuffer | None, reason: str) -> None:
+    def _let_go(self, inc: Incarnation, running: BatchBuffer | None, model: LoadedModel | None,
+                reason: str) -> None:
         """The call hangs: take this life's buffers out without waiting for the call (supervisor
         thread, no lock held). The abandoned thread frees its device itself once its call returns,
         but not before its buffers are out of the batcher."""
@@ -328,9 +335,9 @@ class DeviceWorker:
             log.error("%s: %s; abandoning the call and restarting the device", self.worker_name, reason,
                       extra={"device": self.worker_name})
             self.health.abandon(reason)
-            self.batcher.set_down(self.worker_name, True)
-            if running is not None:
-                inc.give_up(running, "the device call hung")
+            self.set_down(True)
+            if running is not None and model is not None:
+                inc.give_up(model, running, "the device call hung")
             inc.remove_buffers("the device hung")
         finally:
             inc.buffers_out.set()
@@ -358,7 +365,9 @@ class DeviceWorker:
             inc.end_call()
             current = not inc.abandoned and not inc.stop.is_set()
             if current:
-                self._last_detector = inc.loaded
+                self._last_models = tuple(inc.models)
+                if inc.generation == 1:
+                    self.failed_models = dict(inc.failed_models)
                 self._transition(WorkerState.RUNNING)
                 self._running_since = self.clock()
                 restarted = inc.generation > 1
@@ -368,8 +377,10 @@ class DeviceWorker:
                     self.stats.consecutive_errors = 0
         if current:
             try:
-                self.batcher.add_buffers(inc.owner, list(inc.loaded.backend.input_buffers), device=self.worker_name)
-                self.batcher.set_down(self.worker_name, False)
+                for model in inc.models:
+                    model.served.batcher.add_buffers(inc.owner, list(model.detector.backend.input_buffers),
+                                                     device=self.worker_name)
+                self.set_down(False)
             except Exception as exc:
                 if restarted:  # down again, a moment after it was reported healthy
                     self.health.unhealthy(f"{type(exc).__name__}: {exc}")
@@ -405,21 +416,23 @@ class DeviceWorker:
     def status(self) -> dict:
         inc = self._current
         detector = inc.detector if inc is not None and not inc.done.is_set() else None
+        loaded = inc.models if inc is not None and not inc.done.is_set() else []
         retry = self.next_retry_mono
         stats = self.stats
         return {
             "name": self.worker_name,
             "backend": self.accelerator.backend,
             "device": self.device,
-            "model": self.model.path,
+            "model": self.served[0].model.path,
+            "models": self._models_status(loaded),
             "batch": detector.max_batch if detector else self.accelerator.batch,
             "state": self.state.value,
             **stats.meters(),
-            "queue_depth": self.batcher.pending(),
+            "queue_depth": sum(m.batcher.pending() for m in self.served),
             "in_flight": self.in_flight,  # a batch is on the device now
             "errors": stats.errors,
             "frames_lost": stats.frames_lost,
-            "rebalanced": self.batcher.rebalanced_to(self.worker_name),
+            "rebalanced": sum(m.batcher.rebalanced_to(self.worker_name) for m in self.served),
             "restarts": stats.restarts,
             "last_error": self.last_error,
             "next_retry_in_s": None if retry is None else round(max(0.0, retry - self.clock()), 1),
@@ -429,3 +442,20 @@ class DeviceWorker:
             "error": self.startup_error,
             "telemetry": detector.backend.telemetry() if detector else None,
         }
+
+    def _models_status(self, loaded: Sequence[LoadedModel]) -> list[dict]:
+        """Per model: loaded or why not, the batches this opening ran of it, its memory."""
+        by_name = {m.name: m for m in loaded}
+        rows = []
+        for served in self.served:
+            model = by_name.get(served.name)
+            error = self.failed_models.get(served.name)
+            rows.append({
+                "name": served.name,
+                "path": served.model.path,
+                "state": "running" if model is not None else ("failed" if error else "not loaded"),
+                "error": error,
+                "batches": model.batches if model is not None else 0,
+                "memory": model.detector.backend.memory() if model is not None else None,
+            })
+        return rows

@@ -15,10 +15,12 @@ router to the sinks directly, not through the pipeline.
 
 Adding a sink is one module in `sinks/` (a `Sink` subclass) and one line in `sinks.REGISTRY`.
 
-Threads: a camera belongs to one accelerator group, whose post-processing hands its frames over
-one at a time and in order, so a camera's stages see its frames sequentially. Frames of cameras on
-different groups arrive on different threads at once: sinks are shared and must be thread-safe
-(each guards what it keeps). Lock order: a sink's own locks are leaves; the router's `_lock` guards
+Threads: a camera belongs to one accelerator group, whose post-processing hands each model's
+frames over one at a time and in order, so a camera's stages see the frames of one model
+sequentially. A camera fed to several models has one result per frame and model, and those of
+different models arrive on different threads at once, as do frames of cameras on different
+groups: sinks are shared and must be thread-safe (each guards what it keeps), and a stage keeps
+its state per camera and model. Lock order: a sink's own locks are leaves; the router's `_lock` guards
 its error counters only and nothing is called while it is held.
 
 Status shows per camera the frames published, rate, capture -> publish latency and where it went:
@@ -37,7 +39,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -74,7 +75,7 @@ class FrameResult:
     routed_mono: float  # the router has it (decoded, NMS done)
     detections: Detections  # after the model's thresholds and the camera's filters: published
     labels: Sequence[str]
-    model: str  # the model file's name, as in the detections message
+    model: str  # the model's name (`models[].name`), as in the detections message
     runtime: CameraRuntime
     #: every candidate post-processing kept for a tracker (down to its low score), through the
     #: camera's `classes`; None when no stage asked for them (see `Stage.floor`)
@@ -179,11 +180,10 @@ class _Errors:
 class ResultRouter:
     """Post-processing's sink (see the module docstring)."""
 
-    def __init__(self, cameras: Mapping[str, CameraRuntime], model_path: str, sinks: Sequence[Sink] = (),
+    def __init__(self, cameras: Mapping[str, CameraRuntime], sinks: Sequence[Sink] = (),
                  stages: Sequence[Stage] = (), clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time):
         self._cameras = cameras
-        self._model = Path(model_path).name
         self.sinks = tuple(sinks)
         self.stages = tuple(stages)
         self._clock = clock
@@ -194,12 +194,12 @@ class ResultRouter:
 
     # -- frames (post-processing threads) ----------------------------------------------------
     def __call__(self, meta: SlotMeta, dets: Detections, output_set: OutputSet) -> None:
-        self.route(meta, dets, output_set.model.labels, output_set.started_mono,
+        self.route(meta, dets, output_set.model.name, output_set.model.labels, output_set.started_mono,
                    output_set.inferred_mono)
 
-    def route(self, meta: SlotMeta, dets: Detections, labels: Sequence[str], started_mono: float,
+    def route(self, meta: SlotMeta, dets: Detections, model: str, labels: Sequence[str], started_mono: float,
               inferred_mono: float) -> None:
-        """One decoded frame: filters, stages, every sink."""
+        """One decoded frame of one model: filters, stages, every sink."""
         runtime = self._cameras.get(meta.camera)
         if runtime is None:  # removed by a reload while its frames were in flight
             return
@@ -208,7 +208,7 @@ class ResultRouter:
             camera=meta.camera, seq=meta.seq, capture_time=meta.capture_time,
             capture_mono=meta.capture_mono, frame_time=meta.frame_time, taken_mono=meta.taken_mono,
             started_mono=started_mono, inferred_mono=inferred_mono, routed_mono=self._clock(),
-            labels=labels, model=self._model, runtime=runtime, detections=shown,
+            labels=labels, model=model, runtime=runtime, detections=shown,
             candidates=candidates, shown=index)
         for stage in self.stages:
             try:

@@ -74,15 +74,24 @@ def camera_metrics(cameras: list[CameraStatus], runtimes: list[CameraRuntime]) -
     for cam in cameras:
         up.add_metric((cam.name, cam.accelerator), 1 if cam.streaming else 0)
     yield up
-    detections = CounterMetricFamily("yoloedge_detections_total", "Detections published, per label.",
-                                     labels=("camera", "label"))
+    detections = CounterMetricFamily("yoloedge_detections_total", "Detections published, per model and label.",
+                                     labels=("camera", "model", "label"))
+    frames = CounterMetricFamily("yoloedge_model_frames_total", "Frames published, per camera and model.",
+                                 labels=("camera", "model"))
+    drops = CounterMetricFamily("yoloedge_model_drops_total", "Frames dropped from the camera's queue of the "
+                                "model (keep-latest), per camera and model.", labels=("camera", "model"))
     latency = HistogramMetricFamily("yoloedge_frame_latency_seconds", "Capture to published, per frame.",
                                     labels=CAMERA_LABELS)
     for runtime in runtimes:
-        for label, count in sorted(runtime.detections_by_label().items()):
-            detections.add_metric((runtime.name, label), count)
+        for (model, label), count in sorted(runtime.detections_by_label().items()):
+            detections.add_metric((runtime.name, model, label), count)
+        for model, row in runtime.models_status().items():
+            frames.add_metric((runtime.name, model), row["published"])
+            drops.add_metric((runtime.name, model), row["drops"])
         add_histogram(latency, (runtime.name, runtime.group), runtime.latency_buckets)
     yield detections
+    yield frames
+    yield drops
     yield latency
 
 

@@ -23,5 +23,5 @@ class MetricsSink(Sink):
             runtime.filtered_out += 1
             return
         runtime.record_frame(result.capture_mono, result.taken_mono, result.started_mono,
-                             result.inferred_mono, result.routed_mono)
-        runtime.count_labels(result.detections.class_ids, result.labels)
+                             result.inferred_mono, result.routed_mono, result.model)
+        runtime.count_labels(result.detections.class_ids, result.labels, result.model)
