@@ -193,3 +193,52 @@ def test_a_reload_that_drops_a_model_ends_its_events_and_keeps_the_others_tracks
     later = stage.process(model_result(runtime, "coco", 5, 150.0, 1))
     assert later.track_ids == (opened["coco"],)  # coco's track went on through the reload
     assert stage.process(model_result(runtime, "faces", 5, 150.0, 0)).track_ids is None  # not tracked now
+
+
+def test_one_named_model_gives_todays_events_with_the_model_named():
+    config = CameraConfig(name="door", url="synthetic://", lines=(LineConfig("mid", ((0.5, 0.0), (0.5, 1.0))),))
+    runs = []
+    for labels in (COCO, {"coco": COCO}):  # as configured before issue 19, and by model name
+        stage = TrackingStage(CountsStore(None))
+        stage.configure(config, labels)
+        runtime = CameraRuntime(config, "cpu0", None, None, models=("coco",))
+        out = [stage.process(model_result(runtime, "coco", seq, 100.0 + 30 * seq, 1)) for seq in range(12)]
+        stage.remove("door", forget=False)
+        runs.append(([m for r in out for m in r.events.messages], stage))
+    (before, _), (named, _) = runs
+    assert before and all("model" not in m for m in before) and all(m["model"] == "coco" for m in named)
+    strip = [{k: (v.split("-")[1] if k == "id" else v) for k, v in m.items() if k != "model"} for m in named]
+    assert strip == [{k: (v.split("-")[1] if k == "id" else v) for k, v in m.items()} for m in before]
+
+
+def test_two_models_routed_on_their_own_threads_at_once_count_and_release_everything():
+    import threading
+    from yoloedge.sources.frame import Frame
+
+    config = CameraConfig(name="door", url="synthetic://", lines=(LineConfig("mid", ((0.5, 0.0), (0.5, 1.0))),))
+    runtime = CameraRuntime(config, "cpu0", None, None, models=("coco", "faces"))
+    keeper = FrameKeeper(depth=64)
+    stage = TrackingStage(CountsStore(None), keeper)
+    reader = keeper.tap("door", lambda f, timeout: True)
+    stage.configure(config, {"coco": COCO, "faces": FACES})
+    image = np.zeros((48, 64, 3), np.uint8)
+    for seq in range(40):
+        reader(Frame("door", seq, image, 1000.0 + seq, float(seq)), 1.0)
+    failures: list[BaseException] = []
+
+    def post(model: str, class_id: int) -> None:
+        try:
+            for seq in range(40):
+                stage.done(stage.process(model_result(runtime, model, seq, 100.0 + 12 * seq, class_id)))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=post, args=("coco", 1)), threading.Thread(target=post, args=("faces", 0))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not failures and not any(t.is_alive() for t in threads)
+    assert stage.camera_status("door")["lines"][0]["in"] == {"car": 1, "face": 1}
+    assert all(keeper.find("door", seq, float(seq)) is None for seq in range(40))
+    assert keeper.stats("door")["frames_kept"] == 40

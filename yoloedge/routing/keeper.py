@@ -35,8 +35,8 @@ Memory: up to `depth` pictures per camera while objects are in view (1.6 MB each
 usually one or two are in flight at once), none otherwise.
 
 Threads: the reader thread offers, the router's threads (one per model's post-processing) find
-and release; `_Kept.lock` guards a
-camera's slots (a leaf). The table of cameras is replaced whole, read without a lock.
+and release; `_Kept.lock` guards a camera's slots, its models and what each saw last (a leaf).
+The table of cameras is replaced whole, read without a lock.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class FrameKeeper:
             return
         with kept.lock:
             kept.models = frozenset(models)
-            kept.in_view = {m: v for m, v in kept.in_view.items() if m in kept.models}
+            kept.in_view = {m: v for m, v in kept.in_view.items() if m in kept.models or not m}
             for slot in kept.slots:
                 slot.waiting &= kept.models
                 if slot.key is not None and not slot.waiting and len(kept.models) > 1:
@@ -195,12 +195,13 @@ class FrameKeeper:
         kept = self._cameras.get(camera)
         if kept is None:
             return
-        if model is None:
-            kept.in_view = {}
-            kept.wanted = snapshots and (in_view or kept.wait)
-            return
-        kept.in_view = {**kept.in_view, model: in_view}
-        kept.wanted = snapshots and (kept.wait or any(kept.in_view.values()))
+        with kept.lock:  # the models' results come on their own threads
+            if model is None:
+                kept.in_view = {}
+                kept.wanted = snapshots and (in_view or kept.wait)
+                return
+            kept.in_view[model] = in_view
+            kept.wanted = snapshots and (kept.wait or any(kept.in_view.values()))
 
     def find(self, camera: str, seq: int, capture_mono: float) -> np.ndarray | None:
         """Frame `seq` of `camera` (scaled to SHOT_MAX_SIDE), valid until `done` for it; None when
