@@ -242,3 +242,17 @@ def test_two_models_routed_on_their_own_threads_at_once_count_and_release_everyt
     assert stage.camera_status("door")["lines"][0]["in"] == {"car": 1, "face": 1}
     assert all(keeper.find("door", seq, float(seq)) is None for seq in range(40))
     assert keeper.stats("door")["frames_kept"] == 40
+
+
+def test_a_zone_counting_another_models_label_is_no_typo_but_a_label_no_model_has_is(caplog):
+    from yoloedge.config.schema import ZoneConfig
+
+    square = ((0.0, 0.0), (1.0, 0.0), (1.0, 1.0), (0.0, 1.0))
+    config = CameraConfig(name="door", url="synthetic://",
+                          zones=(ZoneConfig("faces", square, objects=("face",)),
+                                 ZoneConfig("typo", square, objects=("fase",))))
+    stage = TrackingStage(CountsStore(None))
+    with caplog.at_level("WARNING"):
+        stage.configure(config, {"coco": COCO, "faces": FACES})
+    warned = [r.getMessage() for r in caplog.records if "never count" in r.getMessage()]
+    assert warned and all("'fase'" in w for w in warned), warned

@@ -132,7 +132,7 @@ class TrackingStage(Stage):
         if cam is None:
             counts = self.store.load(config.name)
             cam = _Camera(config, counts, {})
-            cam.models = self._models(cam, models)
+            cam.models = self._models(cam, models, _every_label(models))
             now = self._wall_clock()
             first = EventBatch(counts=_first_counts([m.events for m in cam.models.values()], now))
             self._cameras = {**self._cameras, config.name: cam}
@@ -143,10 +143,11 @@ class TrackingStage(Stage):
             batch = self._reconfigure_locked(cam, models)
         self._publish(config.name, cam, batch)
 
-    def _models(self, cam: _Camera, models: Mapping[str, tuple[str, ...]]) -> dict[str, _Model]:
-        """New parts for `models` (a new camera's, or models a reload added)."""
+    def _models(self, cam: _Camera, models: Mapping[str, tuple[str, ...]], every: tuple[str, ...]
+                ) -> dict[str, _Model]:
+        """New parts for `models` (a new camera's, or models a reload added); `every`: the labels
+        of all the camera's models."""
         config = cam.config
-        every = _every_label(models)
         return {name: _Model(name, Tracker(tracking_of(config), labels, ids=self._ids),
                              CameraEvents(config.name, config.zones, config.lines, labels, cam.counts,
                                           model=name, camera_labels=every))
@@ -158,9 +159,9 @@ class TrackingStage(Stage):
             if name not in models:  # no longer fed to this camera: its events end
                 batches.append(self._end_model_locked(part))
                 batches.append(EventBatch(counts=_zone_counts(cam.counts, cam.counts.forget_model(name))))
-        added = self._models(cam, {name: labels for name, labels in models.items() if name not in cam.models})
-        kept = {name: part for name, part in cam.models.items() if name in models}
         every = _every_label(models)
+        added = self._models(cam, {name: labels for name, labels in models.items() if name not in cam.models}, every)
+        kept = {name: part for name, part in cam.models.items() if name in models}
         for part in kept.values():
             part.tracker.reconfigure(tracking_of(config))
             part.events.camera_labels = every
