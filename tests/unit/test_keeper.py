@@ -120,3 +120,60 @@ def test_a_lossless_camera_is_kept_with_nothing_in_view_and_not_without_snapshot
     keeper.want("file", False, True)  # its events take no snapshots
     keeper.offer(Frame("file", 1, pooled, 1.7e9 + 1, 1.0))
     assert keeper.find("file", 1, 1.0) is None
+
+
+def test_a_frame_of_a_camera_with_two_models_goes_once_both_are_done_with_it():
+    keeper = FrameKeeper(depth=3)
+    sink = keeper.tap("gate", lambda f, timeout: True)
+    keeper.models("gate", ("coco", "faces"))
+    pooled = np.zeros((4, 6, 3), np.uint8)
+    for seq in range(3):
+        sink(frame(seq, pooled), 0.0)
+    keeper.done("gate", 2.0, "coco")  # the fast model is through frame 2
+    assert all(keeper.find("gate", seq, float(seq)) is not None for seq in range(3)), "faces still needs them"
+    keeper.done("gate", 0.0, "faces")
+    assert keeper.find("gate", 0, 0.0) is None  # both done with frame 0
+    kept = keeper.find("gate", 1, 1.0)
+    assert kept is not None and kept[0, 0, 0] == 1  # its own picture, not overwritten
+    keeper.done("gate", 2.0, "coco")  # done twice by one model: still waits for the other
+    assert keeper.find("gate", 1, 1.0) is not None
+    keeper.done("gate", 2.0, "faces")  # faces dropped frame 1 on its way: frame 2 lets it go too
+    assert all(keeper.find("gate", seq, float(seq)) is None for seq in range(3))
+    assert keeper.stats("gate")["frames_missed"] == 0
+
+
+def test_a_lossless_camera_with_two_models_waits_for_the_slower_one_and_keeps_every_frame():
+    keeper = FrameKeeper(depth=1)
+    taken: list[int] = []
+    sink = keeper.tap("gate", lambda f, timeout: taken.append(f.seq) or True, wait=True)
+    keeper.models("gate", ("coco", "faces"))
+    keeper.want("gate", True, False, "coco")  # nothing in view: a lossless camera is kept anyway
+    keeper.want("gate", True, False, "faces")
+    pooled = np.zeros((4, 6, 3), np.uint8)
+    assert sink(frame(0, pooled), 0.01)
+    keeper.done("gate", 0.0, "coco")
+    assert not sink(frame(1, pooled), 0.01), "faces has not had frame 0 yet: the reader waits"
+    keeper.done("gate", 0.0, "faces")
+    assert sink(frame(1, pooled), 0.01) and taken == [0, 1]
+    assert keeper.stats("gate")["frames_kept"] == 2 and keeper.stats("gate")["frames_missed"] == 0
+    keeper.models("gate", ("coco",))  # a reload: faces no longer fed to it, frame 1 waits on coco alone
+    assert keeper.find("gate", 1, 1.0) is not None
+    keeper.done("gate", 1.0, "coco")
+    assert keeper.find("gate", 1, 1.0) is None
+
+
+def test_a_camera_with_two_models_is_wanted_while_either_sees_objects():
+    keeper = FrameKeeper(depth=2)
+    keeper.add("gate")
+    keeper.models("gate", ("coco", "faces"))
+    pooled = np.zeros((4, 6, 3), np.uint8)
+    keeper.want("gate", True, True, "coco")
+    keeper.want("gate", True, False, "faces")  # faces sees nobody; coco still does
+    keeper.offer(frame(0, pooled))
+    assert keeper.find("gate", 0, 0.0) is not None
+    keeper.want("gate", True, False, "coco")
+    keeper.offer(frame(1, pooled))
+    assert keeper.find("gate", 1, 1.0) is None  # neither sees anything now
+    keeper.want("gate", True, True, "faces")
+    keeper.offer(frame(2, pooled))
+    assert keeper.find("gate", 2, 2.0) is not None

@@ -15,6 +15,10 @@ thread-safe) and returns what changed in it:
   view (`EDGE_MARGIN_PX` off every edge of the frame); until it has been fully in view once, the
   best of its sightings cut by an edge stands in, so every event has one.
 
+A camera fed to several models has one `CameraEvents` per model (`model`, its name, which every
+event message then names), each fed by that model's own tracker; they share the camera's
+`CountsState`, whose counts are per label summed over the models (see `events.counts`).
+
 All times are frame times (capture time for live cameras), so a file played faster than real
 time gives the same events. Zones: `events.zones`; lines: `events.lines`.
 """
@@ -104,9 +108,15 @@ class CameraEvents:
     """Zones, lines, events and counts of one camera (see the module docstring)."""
 
     def __init__(self, camera: str, zones: Sequence[ZoneConfig], lines: Sequence[LineConfig],
-                 labels: Sequence[str], counts: CountsState):
+                 labels: Sequence[str], counts: CountsState, model: str = "",
+                 camera_labels: Sequence[str] | None = None):
         self.camera = camera
         self.labels = tuple(labels)
+        #: the model's name, in every event message (`"model"`); "" leaves it out (no name given)
+        self.model = model
+        #: the labels of every model of the camera: a zone's or line's `objects` naming none of
+        #: them is a typo (one another model has is not)
+        self.camera_labels = tuple(camera_labels) if camera_labels is not None else self.labels
         self.counts = counts
         self._events: dict[str, _Event] = {}
         self._zones: list[Zone] = []
@@ -130,7 +140,7 @@ class CameraEvents:
         for what, items in (("zone", self._zones), ("line", self._lines)):
             for item in items:
                 for label in item.objects or ():
-                    if label not in self.labels:
+                    if label not in self.camera_labels:
                         log.warning("camera %s: %s %s: object %r is not one of the model's labels; it will "
                                     "never count", self.camera, what, item.name, label, extra={"camera": self.camera})
 
@@ -355,7 +365,7 @@ class CameraEvents:
         for zone in self._zones:
             inside = Counter(event.label for event in self._events.values()
                              if zone.name in event.zones and event.zones[zone.name].present)
-            if self.counts.set_objects(zone.name, dict(inside)):
+            if self.counts.set_objects(zone.name, dict(inside), self.model):
                 batch.count(CountKind.ZONE, zone.name)
 
     # -- messages --------------------------------------------------------------------------------
@@ -373,9 +383,11 @@ class CameraEvents:
         at = end if ended else frame.time
         dwell = {name: round(_dwell(event, name, at), 3) for name in event.entered}
         snapshot = event.snapshot
+        head = {"v": EVENT_VERSION, "type": kind.value, "id": track.id, "camera": self.camera}
+        if self.model:
+            head["model"] = self.model
         return {
-            "v": EVENT_VERSION, "type": kind.value, "id": track.id, "camera": self.camera,
-            "label": event.label, "start_time": track.start_time, "end_time": end if ended else None,
+            **head, "label": event.label, "start_time": track.start_time, "end_time": end if ended else None,
             "frame_time": frame.time, "score": round(event.score, 6), "top_score": round(track.top_score, 6),
             "box": [round(v, 2) for v in event.box],
             "box_norm": _normalised(event.box, frame.width, frame.height),

@@ -1,7 +1,10 @@
 """Line and zone counts of one camera, and their persistence across restarts.
 
 `CountsState` holds a camera's totals: per line the crossings in and out by label, per zone the
-tracks that entered it by label (each track once) and the objects inside it now. `CameraEvents`
+tracks that entered it by label (each track once) and the objects inside it now. A camera fed to
+several models has one `CountsState`, shared by each model's `CameraEvents`: its counts are per
+label summed over the models (different models normally have different labels; two models both
+counting "person" count each person twice), on the same topics and in the same file as one model's. `CameraEvents`
 changes it on the router's thread; `CountsStore.reset` (the control thread), `CountsStore.save`
 and status read or change it from others, so it has a lock of its own. Lock order: the store's
 lock, then a state's lock; a state's lock is a leaf (nothing is called while it is held).
@@ -60,8 +63,9 @@ class _Line:
 @dataclass
 class _Zone:
     entered: dict[str, int] = field(default_factory=dict)
-    objects: dict[str, int] = field(default_factory=dict)  # inside now; not persisted
+    objects: dict[str, int] = field(default_factory=dict)  # inside now, summed over the models; not persisted
     since: float | None = None
+    inside: dict[str, dict[str, int]] = field(default_factory=dict)  # per model: inside now
 
 
 class CountsState:
@@ -123,18 +127,25 @@ class CountsState:
             entered[label] = max(0, entered.get(label, 0) + n)
             self.revision += 1
 
-    def set_objects(self, zone: str, objects: dict[str, int]) -> bool:
-        """Set the objects inside `zone` now (labels once seen stay, at 0); True when it changed."""
+    def set_objects(self, zone: str, objects: dict[str, int], model: str = "") -> bool:
+        """Set the objects `model` sees inside `zone` now; the zone's `objects` are the sum over
+        the camera's models (labels once seen stay, at 0). True when that sum changed."""
         with self._lock:
             counts = self._zones[zone]
-            new = {label: 0 for label in counts.objects}
-            new.update(objects)
-            if new == counts.objects:
-                return False
-            counts.objects = new
-            for label in objects:
-                counts.entered.setdefault(label, 0)
-            return True
+            counts.inside = {**counts.inside, model: dict(objects)}
+            return _resum(counts)
+
+    def forget_model(self, model: str) -> list[str]:
+        """`model` no longer feeds the camera: what it saw inside the zones leaves their
+        `objects`; returns the zones whose objects changed."""
+        with self._lock:
+            changed = []
+            for name, counts in self._zones.items():
+                if model in counts.inside:
+                    counts.inside = {m: seen for m, seen in counts.inside.items() if m != model}
+                    if _resum(counts):
+                        changed.append(name)
+            return changed
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -217,6 +228,22 @@ class CountsState:
         for name, entry in _entries(document, "zones"):
             state._zones[name] = _Zone(_table(entry, "entered"), {}, _since(entry))
         return state
+
+
+def _resum(counts: _Zone) -> bool:
+    """A zone's `objects` from what each model sees inside it; True when they changed."""
+    summed: dict[str, int] = {}
+    for seen in counts.inside.values():
+        for label, n in seen.items():
+            summed[label] = summed.get(label, 0) + n
+    new = {label: 0 for label in counts.objects}
+    new.update(summed)
+    if new == counts.objects:
+        return False
+    counts.objects = new
+    for label in summed:
+        counts.entered.setdefault(label, 0)
+    return True
 
 
 def _entries(document: dict, key: str) -> list[tuple[str, dict]]:

@@ -13,7 +13,11 @@ event needs to be confirmed, so frames offered before the router saw the first o
 the ones an event's best shot falls on. While wanted, the reader copies each frame into
 one of `depth` frame-sized buffers the camera owns (allocated once per frame size, never per
 frame; a 1080p copy costs about half a millisecond); the router finds it by (seq, capture time)
-and lets it and every older one go once the frame's sinks have run. With every buffer held by
+and lets it and every older one go once the frame's sinks have run. A camera fed to several
+models (`models`) gets one result per frame and model, each model's in its own frame order but
+not in step with one another: a kept frame goes once every model of the camera is done with it
+(each model's `done` lets go of its frames up to that one), so the slower model's best shot still
+finds its frame; the camera is wanted while any of its models saw objects. With every buffer held by
 frames still in flight, a live camera's frame is not kept (counted in `missed`): its best shot, if
 it was one, is skipped, and the next one is taken. A lossless file (`realtime: false`) has more
 frames in flight than buffers, and nothing to lose by waiting (its reader waits for the queue
@@ -30,8 +34,9 @@ the 20-30 MB a decoded 1080p camera costs in all (docs/benchmarks.md, "Memory pe
 Memory: up to `depth` pictures per camera while objects are in view (1.6 MB each from 1080p;
 usually one or two are in flight at once), none otherwise.
 
-Threads: the reader thread offers, the router's thread finds and releases; `_Kept.lock` guards a
-camera's slots (a leaf). The table of cameras is replaced whole, read without a lock.
+Threads: the reader thread offers, the router's threads (one per model's post-processing) find
+and release; `_Kept.lock` guards a camera's slots, its models and what each saw last (a leaf).
+The table of cameras is replaced whole, read without a lock.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import cv2
 import numpy as np
@@ -68,17 +73,21 @@ def kept_shape(shape: tuple[int, ...], max_side: int = SHOT_MAX_SIDE) -> tuple[i
 class _Slot:
     buffer: np.ndarray | None = None
     key: tuple[int, float] | None = None  # (seq, capture_mono) of the frame it holds; None: free
+    waiting: set[str] = field(default_factory=set)  # models not yet done with it (several models)
 
 
 @dataclass
 class _Kept:
     slots: list[_Slot]
     wait: bool = False  # a lossless camera: the reader waits for a free buffer
+    #: the models the camera's frames go to (`models`); fewer than two: the first `done` frees
+    models: frozenset[str] = frozenset()
     lock: threading.Lock = field(default_factory=threading.Lock)
     freed: threading.Condition = field(init=False)
     #: router thread writes, reader thread reads; a camera starts wanted (objects may be in
     #: view), its first frames' results say whether it stays so
     wanted: bool = True
+    in_view: dict[str, bool] = field(default_factory=dict)  # per model: objects in its last frame
     unwanted_since: float = 0.0  # reader thread only
     kept: int = 0
     missed: int = 0
@@ -97,6 +106,22 @@ class FrameKeeper:
     def add(self, camera: str, wait: bool = False) -> None:
         if camera not in self._cameras:
             self._cameras = {**self._cameras, camera: _Kept([_Slot() for _ in range(self.depth)], wait)}
+
+    def models(self, camera: str, models: Sequence[str]) -> None:
+        """The models `camera`'s frames go to (when it is configured, and on every reload): a kept
+        frame goes once each of them is `done` with it. A model no longer listed is done with
+        every frame it held."""
+        kept = self._cameras.get(camera)
+        if kept is None:
+            return
+        with kept.lock:
+            kept.models = frozenset(models)
+            kept.in_view = {m: v for m, v in kept.in_view.items() if m in kept.models or not m}
+            for slot in kept.slots:
+                slot.waiting &= kept.models
+                if slot.key is not None and not slot.waiting and len(kept.models) > 1:
+                    slot.key = None
+            kept.freed.notify_all()
 
     def forget(self, camera: str) -> None:
         self._cameras = {name: kept for name, kept in self._cameras.items() if name != camera}
@@ -146,6 +171,7 @@ class FrameKeeper:
             else:
                 cv2.resize(image, (shape[1], shape[0]), dst=slot.buffer, interpolation=cv2.INTER_AREA)
             slot.key = key
+            slot.waiting = set(kept.models) if len(kept.models) > 1 else set()
             kept.kept += 1
         return True
 
@@ -162,12 +188,20 @@ class FrameKeeper:
                     slot.buffer = None
 
     # -- the router's side -------------------------------------------------------------------
-    def want(self, camera: str, snapshots: bool, in_view: bool) -> None:
+    def want(self, camera: str, snapshots: bool, in_view: bool, model: str | None = None) -> None:
         """Whether `camera`'s next frames are kept: its events take snapshots, and objects are in
-        view (a lossless camera: always, see the module's docstring)."""
+        view of any of its models (a lossless camera: always, see the module's docstring).
+        `model` None (the camera is (re)configured): it starts over, wanted while `in_view`."""
         kept = self._cameras.get(camera)
-        if kept is not None:
-            kept.wanted = snapshots and (in_view or kept.wait)
+        if kept is None:
+            return
+        with kept.lock:  # the models' results come on their own threads
+            if model is None:
+                kept.in_view = {}
+                kept.wanted = snapshots and (in_view or kept.wait)
+                return
+            kept.in_view[model] = in_view
+            kept.wanted = snapshots and (kept.wait or any(kept.in_view.values()))
 
     def find(self, camera: str, seq: int, capture_mono: float) -> np.ndarray | None:
         """Frame `seq` of `camera` (scaled to SHOT_MAX_SIDE), valid until `done` for it; None when
@@ -181,16 +215,23 @@ class FrameKeeper:
                     return slot.buffer
         return None
 
-    def done(self, camera: str, capture_mono: float) -> None:
-        """The frame captured at `capture_mono` is routed: it and every older frame go (frames
-        dropped in the pipeline never reach the router)."""
+    def done(self, camera: str, capture_mono: float, model: str = "") -> None:
+        """`model`'s result of the frame captured at `capture_mono` is routed: it and every older
+        frame go (frames dropped in the pipeline never reach the router), once every model of the
+        camera is done with them. A model the camera is not known to have (one model, or `models`
+        not set) frees them at once, as a single model does: a frame is never held for a result
+        that cannot come."""
         kept = self._cameras.get(camera)
         if kept is None:
             return
         with kept.lock:
+            several = len(kept.models) > 1 and model in kept.models
             for slot in kept.slots:
-                if slot.key is not None and slot.key[1] <= capture_mono:
-                    slot.key = None
+                if slot.key is None or slot.key[1] > capture_mono:
+                    continue
+                slot.waiting.discard(model)
+                if not several or not slot.waiting:
+                    slot.key, slot.waiting = None, set()
             kept.freed.notify_all()
 
     def stats(self, camera: str) -> dict:

@@ -1,4 +1,12 @@
-"""The router's tracking stage: per camera a `Tracker` and its `CameraEvents`, in frame order.
+"""The router's tracking stage: per camera and model a `Tracker` and its `CameraEvents`, in frame order.
+
+A camera fed to several models gets one result per frame and model (`FrameResult.model`, the
+model's name): each model has its own tracker and events (ids from one shared `TrackIds`, so an
+event id is unique across the camera's models and every other camera; a single model's ids are
+as they always were), and every event message names its model (`"model"`). The models share the
+camera's counts (one `CountsState`: per label summed over the models, on the same topics; see
+`events.counts`), status's zones and lines likewise. A camera configured with one list of labels
+(no model named) has one tracker, fed whatever model its results name, as before.
 
 Per frame (the router's thread): the candidates post-processing kept down to the tracker's low
 score (`floor`) -> `Tracker.update(candidates, frame_time)` -> the confirmed track id of every
@@ -8,9 +16,10 @@ carries the full image for the event log.
 
 Outside the frames (the daemon's threads):
 
-* `configure` when a camera is added, and on every reload: a camera's tracker and events are made
-  once and then reconfigured, so tracks and events survive a reload; its counts are published
-  (zeros, or as loaded from the `CountsStore`) the first time;
+* `configure` when a camera is added, and on every reload: a camera's trackers and events are
+  made once per model and then reconfigured, so tracks and events survive a reload (a model the
+  camera is no longer fed to ends its events); its counts are published (zeros, or as loaded from
+  the `CountsStore`) the first time; it tells the `FrameKeeper` the camera's models;
 * `end_idle` (the main loop): a camera that stopped streaming and has had no frame routed for
   `END_GRACE_S` ends its events (its last frames may still be in the pipeline when its state
   changes, so the state change alone is not the moment);
@@ -18,9 +27,11 @@ Outside the frames (the daemon's threads):
   stopped, before the MQTT client closes): every event ends;
 * `reset` (`yoloedge-ctl reset-counts`): zeroes counts, returned as messages to publish.
 
-Each camera's `lock` serialises its tracker and events between the router's thread and those; it
-is a leaf but for the `CountsState` lock `CameraEvents` takes under it (events.counts' order). The
-table of cameras is replaced whole and read without a lock.
+Each camera's `lock` serialises its models' trackers and events between the router's threads (one
+per model's post-processing) and those; it is a leaf but for the `CountsState` lock
+`CameraEvents` takes under it (events.counts' order), and the keeper's lock is taken only
+outside it. The tables of cameras and of a camera's models are replaced whole and read without a
+lock.
 """
 
 from __future__ import annotations
@@ -30,10 +41,10 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..config.schema import CameraConfig, TrackingConfig
-from ..events import CameraEvents, CountKind, CountsMessage, CountsStore, EventBatch
+from ..events import CameraEvents, CountKind, CountsMessage, CountsState, CountsStore, EventBatch
 from .router import FrameResult, Stage
 from ..sources.state import CameraState
 from ..tracking import Tracker, TrackIds
@@ -52,16 +63,42 @@ def tracking_of(config: CameraConfig) -> TrackingConfig:
 
 
 @dataclass
-class _Camera:
-    config: CameraConfig
+class _Model:
+    """One model's tracker and events on a camera."""
+
+    name: str
     tracker: Tracker
     events: CameraEvents
+    last_time: float | None = None  # its last frame's time (frame time)
+    ended: bool = True  # no event open since the last end (nothing to end)
+
+
+@dataclass
+class _Camera:
+    config: CameraConfig
+    counts: CountsState  # shared by its models' events
+    models: dict[str, _Model]  # by model name ("": configured without one); replaced whole
     lock: threading.Lock = field(default_factory=threading.Lock)
-    last_time: float | None = None  # the last frame's time (frame time)
-    last_routed: float = 0.0  # monotonic, when its last frame was routed
+    last_routed: float = 0.0  # monotonic, when its last frame (of any model) was routed
     streaming: bool = False
-    ended: bool = True  # no event open since the last end_all (nothing to end)
     removed: bool = False
+    unknown: frozenset[str] = frozenset()  # models whose results it was not configured for (logged)
+
+    @property
+    def ended(self) -> bool:
+        return all(m.ended for m in self.models.values())
+
+    def model(self, name: str) -> _Model | None:
+        """The model's part; a camera configured without a model name takes whatever its results name."""
+        part = self.models.get(name)
+        return self.models.get("") if part is None and len(self.models) == 1 else part
+
+
+def model_labels(labels: Sequence[str] | Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
+    """`configure`'s labels as {model name: labels}: a plain list is one model without a name."""
+    if isinstance(labels, Mapping):
+        return {name: tuple(model) for name, model in labels.items()}
+    return {"": tuple(labels)}
 
 
 class TrackingStage(Stage):
@@ -75,31 +112,66 @@ class TrackingStage(Stage):
         self._emit = emit  # an event batch from outside the frames -> the router's sinks
         self._clock = clock
         self._wall_clock = wall_clock
-        self._ids = TrackIds()  # one for every camera: no two tracks share an id
+        self._ids = TrackIds()  # one for every tracker: no two tracks share an id
         self._cameras: dict[str, _Camera] = {}
 
     # -- configuration (daemon threads) ------------------------------------------------------
-    def configure(self, config: CameraConfig, labels: Sequence[str]) -> None:
-        """A camera added, or its settings changed by a reload: tracks and events go on."""
+    def configure(self, config: CameraConfig, labels: Sequence[str] | Mapping[str, Sequence[str]]) -> None:
+        """A camera added, or its settings changed by a reload: tracks and events go on.
+        `labels`: {model name: its labels} for every model the camera's frames go to, in order
+        (what `FrameResult.model` names); a plain list of labels: one model, not named."""
+        models = model_labels(labels)
         cam = self._cameras.get(config.name)
         if self.keeper is not None:  # frames for best shots: only where events can have them
+            self.keeper.models(config.name, [name for name in models if name])
             self.keeper.want(config.name, tracking_of(config).enabled and config.event_snapshots_mb > 0, True)
         if not tracking_of(config).enabled:
             if cam is not None:
                 self.remove(config.name, forget=False)
             return
         if cam is None:
-            events = CameraEvents(config.name, config.zones, config.lines, labels, self.store.load(config.name))
-            cam = _Camera(config, Tracker(tracking_of(config), labels, ids=self._ids), events)
-            first = EventBatch(counts=events.counts_messages(self._wall_clock()))
+            counts = self.store.load(config.name)
+            cam = _Camera(config, counts, {})
+            cam.models = self._models(cam, models, _every_label(models))
+            now = self._wall_clock()
+            first = EventBatch(counts=_first_counts([m.events for m in cam.models.values()], now))
             self._cameras = {**self._cameras, config.name: cam}
             self._publish(config.name, cam, first)
             return
         with cam.lock:
             cam.config = config
-            cam.tracker.reconfigure(tracking_of(config))
-            batch = cam.events.reconfigure(config.zones, config.lines)
+            batch = self._reconfigure_locked(cam, models)
         self._publish(config.name, cam, batch)
+
+    def _models(self, cam: _Camera, models: Mapping[str, tuple[str, ...]], every: tuple[str, ...]
+                ) -> dict[str, _Model]:
+        """New parts for `models` (a new camera's, or models a reload added); `every`: the labels
+        of all the camera's models."""
+        config = cam.config
+        return {name: _Model(name, Tracker(tracking_of(config), labels, ids=self._ids),
+                             CameraEvents(config.name, config.zones, config.lines, labels, cam.counts,
+                                          model=name, camera_labels=every))
+                for name, labels in models.items()}
+
+    def _reconfigure_locked(self, cam: _Camera, models: Mapping[str, tuple[str, ...]]) -> EventBatch:
+        config, batches = cam.config, []
+        for name, part in cam.models.items():
+            if name not in models:  # no longer fed to this camera: its events end
+                batches.append(self._end_model_locked(part))
+                batches.append(EventBatch(counts=_zone_counts(cam.counts, cam.counts.forget_model(name))))
+        every = _every_label(models)
+        added = self._models(cam, {name: labels for name, labels in models.items() if name not in cam.models}, every)
+        kept = {name: part for name, part in cam.models.items() if name in models}
+        for part in kept.values():
+            part.tracker.reconfigure(tracking_of(config))
+            part.events.camera_labels = every
+            batches.append(part.events.reconfigure(config.zones, config.lines))
+        if added:
+            start = self._wall_clock()
+            for part in added.values():
+                part.events.counts_messages(start)  # the counts already went out; only marks it started
+        cam.models = {name: (kept.get(name) or added[name]) for name in models}
+        return _merge(batches)
 
     def remove(self, camera: str, forget: bool = True) -> None:
         """A reload removed the camera (or turned its tracking off): its events end."""
@@ -137,11 +209,14 @@ class TrackingStage(Stage):
             self._publish(name, cam, batch)
 
     def _end_locked(self, cam: _Camera) -> EventBatch:
-        if cam.ended:
+        return _merge([self._end_model_locked(part) for part in cam.models.values()])
+
+    def _end_model_locked(self, part: _Model) -> EventBatch:
+        if part.ended:
             return EventBatch()
-        cam.ended = True
-        when = cam.last_time if cam.last_time is not None else self._wall_clock()
-        return cam.events.end_all(cam.tracker.end_all(when))
+        part.ended = True
+        when = part.last_time if part.last_time is not None else self._wall_clock()
+        return part.events.end_all(part.tracker.end_all(when))
 
     def reset(self, camera: str, name: str | None) -> list[CountsMessage]:
         """`reset-counts`: zero the camera's line or zone `name` (None: all); published here."""
@@ -153,14 +228,15 @@ class TrackingStage(Stage):
 
     def _publish(self, camera: str, cam: _Camera, batch: EventBatch) -> None:
         if batch.counts:
-            self.store.save(camera, cam.events.counts)
+            self.store.save(camera, cam.counts)
         if batch:
             self._emit(camera, batch)
 
-    # -- frames (the router's thread) --------------------------------------------------------
+    # -- frames (the router's threads) -------------------------------------------------------
     def floor(self, camera: str) -> float | None:
         cam = self._cameras.get(camera)
-        return cam.tracker.LOW_SCORE if cam is not None else None
+        part = next(iter(cam.models.values()), None) if cam is not None else None
+        return part.tracker.LOW_SCORE if part is not None else None
 
     def process(self, result: FrameResult) -> FrameResult:
         cam = self._cameras.get(result.camera)
@@ -170,31 +246,46 @@ class TrackingStage(Stage):
         with cam.lock:
             if cam.removed:
                 return result
-            frame = cam.tracker.update(candidates, result.frame_time)
-            batch = cam.events.update(frame)
-            cam.last_time, cam.last_routed, cam.ended = result.frame_time, self._clock(), False
+            part = cam.model(result.model)
+            if part is None:
+                self._unknown_locked(cam, result.model)
+                return result
+            frame = part.tracker.update(candidates, result.frame_time)
+            batch = part.events.update(frame)
+            part.last_time, part.ended, cam.last_routed = result.frame_time, False, self._clock()
         if batch.counts:
-            self.store.save(result.camera, cam.events.counts)
+            self.store.save(result.camera, cam.counts)
         ids = frame.det_track_ids
         track_ids = tuple(ids[i] for i in result.shown.tolist()) if result.shown is not None else None
         image = None
         if batch.best and self.keeper is not None:
             image = self.keeper.find(result.camera, result.seq, result.capture_mono)
         if self.keeper is not None:
-            self.keeper.want(result.camera, cam.config.event_snapshots_mb > 0, bool(len(candidates) or frame.tracks))
+            self.keeper.want(result.camera, cam.config.event_snapshots_mb > 0,
+                             bool(len(candidates) or frame.tracks), result.model)
         return dataclasses.replace(result, track_ids=track_ids, tracks=frame, events=batch, image=image)
+
+    @staticmethod
+    def _unknown_locked(cam: _Camera, model: str) -> None:
+        if model in cam.unknown:
+            return
+        cam.unknown = cam.unknown | {model}
+        log.warning("camera %s: results of model %s, which its tracking was not configured for (%s): "
+                    "not tracked", cam.config.name, model, ", ".join(cam.models) or "none",
+                    extra={"camera": cam.config.name})
 
     def done(self, result: FrameResult) -> None:
         if self.keeper is not None:
-            self.keeper.done(result.camera, result.capture_mono)
+            self.keeper.done(result.camera, result.capture_mono, result.model)
 
     # -- status ------------------------------------------------------------------------------
     def camera_status(self, camera: str) -> dict:
-        """Status's `zones` and `lines` of the camera (the status page draws them)."""
+        """Status's `zones` and `lines` of the camera (the status page draws them): the counts
+        of all its models, as on the counts topics."""
         cam = self._cameras.get(camera)
         if cam is None:
             return {"zones": [], "lines": []}
-        counts = cam.events.counts
+        counts = cam.counts
         zones, lines = [], []
         for zone in cam.config.zones:
             payload = _payload(counts, CountKind.ZONE, zone.name)
@@ -209,7 +300,37 @@ class TrackingStage(Stage):
 
     def counts(self) -> list[tuple[str, list[CountsMessage]]]:
         """Every camera's counts, for /metrics."""
-        return [(name, cam.events.counts.messages()) for name, cam in list(self._cameras.items())]
+        return [(name, cam.counts.messages()) for name, cam in list(self._cameras.items())]
+
+
+def _every_label(models: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(label for labels in models.values() for label in labels))
+
+
+def _first_counts(events: Sequence[CameraEvents], now: float) -> tuple[CountsMessage, ...]:
+    """The counts a new camera publishes once (every model's events are started by it)."""
+    messages: tuple[CountsMessage, ...] = ()
+    for part in events:
+        messages = part.counts_messages(now)
+    return messages
+
+
+def _zone_counts(counts: CountsState, zones: Sequence[str]) -> tuple[CountsMessage, ...]:
+    return tuple(counts.message(CountKind.ZONE, name) for name in zones)
+
+
+def _merge(batches: Sequence[EventBatch]) -> EventBatch:
+    """One batch of several models' (their counts are of one state: the latest of each kept)."""
+    batches = [b for b in batches if b]
+    if len(batches) <= 1:
+        return batches[0] if batches else EventBatch()
+    counts: dict[tuple[CountKind, str], CountsMessage] = {}
+    for batch in batches:
+        for message in batch.counts:
+            counts.pop((message.kind, message.name), None)
+            counts[(message.kind, message.name)] = message
+    return EventBatch(tuple(m for b in batches for m in b.messages), tuple(counts.values()),
+                      tuple(s for b in batches for s in b.best))
 
 
 def _payload(counts, kind: CountKind, name: str) -> dict:

@@ -1,7 +1,11 @@
 """Home Assistant: the retained objects-in-view counts and the discovery of each camera's
 entities. The counting is here, on the result path, because it follows the frames and the camera
 states the router sees; the rendering and rate limits are `publish.homeassistant`'s, and the
-client keeps the registry and hands the messages over (`MqttPublisher.publish_discovery`)."""
+client keeps the registry and hands the messages over (`MqttPublisher.publish_discovery`).
+
+A camera fed to several models (`runtime.models`) counts each model's frames apart, into per-model
+sensors (see `publish.homeassistant`); the registry learns its models from its frames, so a
+reload that changes them changes its sensors with the first frame after it."""
 
 from __future__ import annotations
 
@@ -36,16 +40,32 @@ class HomeAssistantSink(Sink):
         if publisher is None or not result.wanted:
             return
         labels = result.labels
+        models = result.runtime.models
+        self._set_models(publisher, result.camera, models)
         self._count_objects(publisher, result.camera,
-                            [label_of(labels, c) for c in result.detections.class_ids.tolist()])
+                            [label_of(labels, c) for c in result.detections.class_ids.tolist()],
+                            result.model if len(models) > 1 else "", labels)
 
-    def _count_objects(self, publisher: MqttPublisher, camera: str, labels: Sequence[str]) -> None:
+    @staticmethod
+    def _set_models(publisher: MqttPublisher, camera: str, models: Sequence[str]) -> None:
+        """The camera's models as its frames say: from one to several (or back), or another set,
+        its label sensors change (the old ones removed, those known now announced)."""
+        changed, gone = publisher.discovery.set_models(camera, models)
+        ha = publisher.homeassistant
+        if not changed or ha is None:
+            return
+        if gone:
+            publisher.publish_discovery(ha.removals(camera, gone, whole_camera=False), removal=True)
+        publisher.publish_discovery(ha.label_configs(camera, publisher.discovery.labels(camera) or []))
+
+    def _count_objects(self, publisher: MqttPublisher, camera: str, labels: Sequence[str], model: str = "",
+                       model_labels: Sequence[str] = ()) -> None:
         """The objects-in-view counts from the message as published; a label seen for the first
         time (a camera without `classes`) gets its sensor first."""
         ha = publisher.homeassistant
         if ha is None:
             return
-        new, counts = ha.discovery.count(camera, labels, self._clock())
+        new, counts = ha.discovery.count(camera, labels, self._clock(), model, model_labels)
         out = ha.label_configs(camera, new) if new else []
         if counts is not None:
             out.append(ha.objects(camera, counts))
