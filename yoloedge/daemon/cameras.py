@@ -111,8 +111,9 @@ class CameraSet:
         with self.lock:
             self.runtimes[camera.name] = runtime
         parts.results.camera_added(camera)  # before its first state: Home Assistant discovery
-        if group.detector is not None:  # its tracker and events (kept through a restart)
-            parts.tracking.configure(camera, group.detector.labels)
+        labels = model_labels(group, runtime.models)
+        if labels:  # its trackers and events, per model (kept through a restart)
+            parts.tracking.configure(camera, labels)
         if reader is None:
             parts.results.camera_state(camera.name, runtime.state, failed or "enabled: false")
         runtime.start()
@@ -172,9 +173,9 @@ class CameraSet:
             runtime = self.runtimes[camera.name]
             runtime.config = camera
         self.parts.results.camera_added(camera)  # Home Assistant's zone and line sensors, publish mode
-        detector = self._groups()[runtime.group].detector
-        if detector is not None:
-            self.parts.tracking.configure(camera, detector.labels)
+        labels = model_labels(self._groups()[runtime.group], runtime.models)
+        if labels:
+            self.parts.tracking.configure(camera, labels)
 
     # -- the whole set -----------------------------------------------------------------------
     def apply(self, old: tuple[CameraConfig, ...], new: tuple[CameraConfig, ...], strict: bool = True) -> None:
@@ -211,6 +212,17 @@ class CameraSet:
         released = release_free_heap()
         if released:
             log.info("%.0f MB of memory freed by removed cameras returned to the system", released / 2**20)
+
+
+def model_labels(group: AcceleratorGroup, models: Sequence[str]) -> dict[str, list[str]]:
+    """{model: its labels} for the models a camera's frames go to that some device has loaded
+    (only those: a lossless camera's kept frames wait for every model named here)."""
+    labels = {}
+    for model in models:
+        detector = group.detector_of(model)
+        if detector is not None:
+            labels[model] = list(detector.labels)
+    return labels
 
 
 def warn_unknown_classes(camera: CameraConfig, group: AcceleratorGroup, models: Sequence[str]) -> None:

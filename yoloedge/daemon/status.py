@@ -185,6 +185,8 @@ def find_problems(daemon: Daemon) -> list[Problem]:
         for w in group.workers:
             if w.state is WorkerState.FAILED:
                 problems.append(Problem(w.worker_name, f"failed to start: {w.startup_error}"))
+            for model, error in w.failed_models.items():
+                problems.append(Problem(w.worker_name, f"model {model} could not be loaded: {error}"))
     now = time.monotonic()
     with daemon.cameras.lock:
         for cam in daemon.cameras.runtimes.values():
