@@ -95,6 +95,8 @@ class CameraSet:
         wanted = [m.name for m in self._settings().camera_models(camera)]
         warn_unknown_classes(camera, group, wanted)
         failed = None if group.serving else f"accelerator {group.name} did not start"
+        if failed is None and not group.serving_models(wanted):
+            failed = f"its model(s) {', '.join(wanted)} could not be loaded on accelerator {group.name}"
         if camera.enabled and failed is None:
             feed = group.add_camera(camera.name, queue_size_for(camera, group.config.batch), is_lossless(camera),
                                     wanted)
