@@ -14,11 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..errors import ModelError
-from ..model.labels import MAX_CLASSES, read_labels_file
+from ..model.labels import MAX_CLASSES
 from .fields import (INVALID, MAX_NAME_BYTES, Choice, Context, Key, Integer, Reader, Text, did_you_mean, is_number,
                      read_fields, read_string_list, report_duplicate_names, sequence_or_report)
-from .model import ModelConfig
 from .polygon import polygon_problem
 from .schema import DEFAULT_INERTIA, Anchor, LineConfig, PublishMode, ZoneConfig
 from .yamltree import Item
@@ -161,18 +159,17 @@ def objects_in_classes_ok(ctx: Context, entries: dict, values: dict) -> bool:
                       "add it to classes: or remove it here")
 
 
-def check_camera_objects(ctx: Context, cameras: Item, model: ModelConfig) -> None:
-    """Run once the model section is valid: `objects` must be labels of the model when the config
-    gives them (a list, or a labels file); works on the Items, like the accelerator check."""
-    if model.labels is None:
-        return
-    try:
-        labels = read_labels_file(model.labels) if isinstance(model.labels, str) else list(model.labels)
-    except ModelError:
-        return  # the daemon reports the unreadable labels file when it loads the model
-    for camera in cameras.value if cameras.is_sequence else ():
-        if camera.is_mapping:
-            _labels_ok(ctx, camera.value, labels, "is not one of the model's labels (model.labels)")
+def check_camera_objects(ctx: Context, entries: dict, labels: Sequence[str], where: str) -> None:
+    """Run once the models are valid, for a camera (its Items' entries) whose models' labels the
+    config gives (`labels`: every label of the models it gets; `where`: how the message names
+    them): its `classes`, and its zones' and lines' `objects`, must be among them. Works on the
+    Items, like the accelerator check, so a camera with other problems is still checked."""
+    classes = entries.get("classes")
+    for label in classes.value if classes is not None and classes.is_sequence else ():
+        if isinstance(label.value, str) and label.value not in labels:
+            ctx.bad_value(label, f"is not one of {where}, so the camera would never publish it",
+                          did_you_mean(label.value, labels))
+    _labels_ok(ctx, entries, labels, f"is not one of {where}")
 
 
 def _labels_ok(ctx: Context, entries: dict, known: Sequence[str], requirement: str, hint: str | None = None) -> bool:
