@@ -10,8 +10,10 @@ Decisions (see docs/operations/checking-config.md):
   * a section that is absent or null (`mqtt:` with everything commented out) takes its defaults;
   * `accelerators` absent or null means one ONNX Runtime accelerator on the CPU;
   * `cameras` may be empty: the daemon then idles;
-  * relative paths (model, labels, TLS files, camera file paths) are taken from the config file's
+  * relative paths (models, labels, TLS files, camera file paths) are taken from the config file's
     folder and stored resolved, because the daemon runs with / as its working directory;
+  * one `model:` or a list of `models:` (config.models), never both; a single `model:` is named
+    after its file's stem;
   * camera files and folders are not checked for existence (media may be mounted later).
 """
 

@@ -5,9 +5,10 @@ distinct points, does not intersect itself and encloses some area; a line has tw
 Zone and line names become MQTT topic levels (`.../zones/{name}`, `.../lines/{name}`), so they are
 read like camera names, and they are unique per camera across zones and lines (status and
 `yoloedge-ctl reset-counts CAMERA NAME` name either by it). `objects` must be labels the camera
-can publish (in its `classes:` when it has them) and, when the config gives the model's labels
-(`model.labels`, a list or a file), labels of the model; labels that only the model file knows are
-checked when the camera starts (a warning, like `classes:`).
+can publish (in its `classes:` when it has them) and, when the config gives the labels of every
+model the camera gets (`labels:`, a list or a file), labels of one of those models, as must its
+`classes:` (`check_camera_objects`); labels that only the model files know are checked when the
+camera starts (a warning).
 """
 
 from __future__ import annotations
@@ -89,8 +90,8 @@ NAME_KEY = Key(NAME, "topic level (`.../zones/{name}`, `.../lines/{name}`), stat
                default="required, unique among the camera's zones and lines")
 OBJECTS_KEY = Key(read_objects,
                   "count only these labels; null: every label. They must be in the camera's `classes` when it has "
-                  "them, and in `model.labels` when the config gives the labels (labels only the model file knows "
-                  "are checked when the camera starts: a warning)",
+                  "them, and labels of its models when the config gives their labels (labels only the model files "
+                  "know are checked when the camera starts: a warning)",
                   type="non-empty list of labels, or null")
 ANCHOR_KEY = Key(read_anchor, "the point of the box that counts: where an object stands, or the box's centre",
                  type="`bottom_center`, `center`")
