@@ -305,6 +305,13 @@ def test_group_and_camera_models_of_a_config_built_in_code():
         broken.group_models("a")
 
 
+def test_a_camera_of_a_config_without_accelerators_gets_no_model():
+    config = Config(device_id="e", model=ModelConfig("/m/coco.onnx"), accelerators=())
+    assert config.camera_models(CameraConfig(name="a", url="x")) == ()
+    with pytest.raises(KeyError, match="no accelerator named 'cpu'"):
+        config.camera_models(CameraConfig(name="a", url="x", accelerator="cpu"))
+
+
 def test_a_config_built_with_one_model_has_it_as_its_models():
     model = ModelConfig("/m/yolo11n 320.onnx")
     config = Config(device_id="e", model=model, accelerators=(AcceleratorConfig(name="cpu"),))

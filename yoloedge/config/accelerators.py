@@ -17,7 +17,7 @@ from .fields import (INVALID, MAX_NAME_BYTES, Context, Key, Integer, Number, Tex
                      mapping_or_report, plain, read_present, report_duplicate_names, report_unknown_keys,
                      sequence_or_report)
 from .model import ModelConfig
-from .models import ModelNames
+from .modelrefs import ModelNames
 from .schema import AcceleratorConfig, default_name
 from .yamltree import Item
 

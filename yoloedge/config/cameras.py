@@ -23,7 +23,7 @@ from ..files import file_type
 from ..model.labels import MAX_CLASSES
 from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Choice, Context, Key, Integer, Number, Text, did_you_mean,
                      range_order_ok, read_fields, read_string_list, report_duplicate_names, sequence_or_report)
-from .models import ModelNames
+from .modelrefs import ModelNames
 from .schema import AcceleratorConfig, CameraConfig
 from .tracking import read_camera_tracking
 from .yamltree import Item

@@ -37,15 +37,14 @@ from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Choice, Context, Key, Fil
 from .http import read_http
 from .location import daemon_socket
 from .model import ModelConfig
-from .models import (MAX_MODELS, camera_model_names, check_model_references, config_labels, labels_key, path_key,
-                     read_model, read_models, take_models)
+from .modelrefs import check_camera_labels, check_model_references
+from .models import MAX_MODELS, path_key, read_model, read_models, take_models
 from .schema import (AcceleratorConfig, Config, ControlConfig, HealthConfig, HomeAssistantConfig, LoggingConfig,
                      MqttConfig, TlsConfig, TrackingConfig)
 from .tls import TlsMaterialError, client_context
 from .tracking import merge_cameras as merge_camera_tracking
 from .tracking import read_tracking
 from .yamltree import Item, parse_tree
-from .zones import check_camera_objects
 
 DEFAULT_PATH = "/etc/yoloedge/yoloedge.yaml"
 UNIX_SOCKET_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
@@ -155,26 +154,6 @@ def check_models_against_groups(ctx: Context, root: Item, models: tuple[ModelCon
     if "accelerators" in root.value:
         check_model_file_kind(ctx, root.value["accelerators"], groups, models,
                               [path_key(root, index) for index in range(len(models))])
-
-
-def check_camera_labels(ctx: Context, root: Item, models: tuple[ModelConfig, ...],
-                        groups: tuple[AcceleratorConfig, ...]) -> None:
-    """A camera's `classes` and its zones' and lines' `objects` must be labels of the models it
-    gets, when the config gives every one of those models' labels."""
-    labels = {model.name: config_labels(model) for model in models}
-    places = {model.name: labels_key(root, index) for index, model in enumerate(models)}
-    names = [model.name for model in models]
-    cameras = root.value["cameras"]
-    for camera in cameras.value if cameras.is_sequence else ():
-        if not camera.is_mapping:
-            continue
-        gets = camera_model_names(camera, groups, names)
-        if not gets or any(labels[name] is None for name in gets):
-            continue
-        known = list(dict.fromkeys(label for name in gets for label in labels[name] or ()))
-        where = (f"the model's labels ({places[gets[0]]})" if len(models) == 1
-                 else f"the labels of this camera's models ({', '.join(f'{n}: {places[n]}' for n in gets)})")
-        check_camera_objects(ctx, camera.value, known, where)
 
 
 # -- mqtt --------------------------------------------------------------------------------------

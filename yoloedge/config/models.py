@@ -1,31 +1,22 @@
-"""The `model:` and `models:` keys: which models the daemon runs, and which camera and accelerator
-uses which.
+"""The `model:` and `models:` keys: which models the daemon runs.
 
-A config gives one `model:` (a mapping) or `models:` (a list of them, each with a `name`), never both.
-A single `model:` is the one model, named after its file's stem (`config.model.stem_name`), so files
-written before `models:` existed load unchanged. Names are read like camera names: they become
-label values of status and `/metrics`, and the `"model"` field of every detections message.
-
-`accelerators[].models` picks the models a group loads (default: every model) and
-`cameras[].models` the models a camera's frames go to (default: every model its group loads). Those
-references are checked here once the models and accelerators are read (`check_model_references`),
-on the Items, so a camera or accelerator with other problems is still checked and every line is
-reported. The dataclass for a model is `config.model.ModelConfig`; the resolution at run time is
-`Config.group_models` and `Config.camera_models`.
+A config gives one `model:` (a mapping) or `models:` (a list of them, each with a `name`), never both
+(`take_models`). A single `model:` is the one model, named after its file's stem
+(`config.model.stem_name`) unless it has a `name`, so files written before `models:` existed load
+unchanged. Names are read like camera names: they are what `accelerators[].models` and
+`cameras[].models` name (`config.modelrefs`), the `"model"` field of every detections message and
+the `model` label of status and `/metrics`. The dataclass of a model is `config.model.ModelConfig`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-from ..errors import ModelError
-from ..model.labels import MAX_CLASSES, MAX_LABELS_BYTES, read_labels_file
+from ..model.labels import MAX_CLASSES, MAX_LABELS_BYTES
 from .fields import (INVALID, MAX_NAME_BYTES, MAX_TEXT_BYTES, Boolean, Choice, Context, FilePath, Integer, Key, Number,
-                     Text, did_you_mean, is_number, is_whole, mapping_or_report, read_fields, read_string_list,
+                     Text, is_number, is_whole, mapping_or_report, read_fields, read_string_list,
                      sequence_or_report, show, topic_safe)
 from .model import FORMATS, ModelConfig, stem_name
-from .schema import AcceleratorConfig
 from .yamltree import Item
 
 #: the most detections kept per frame, and the largest model input side (8192: MAX_IMAGE_PIXELS).
@@ -259,123 +250,6 @@ def path_key(root: Item, index: int) -> str:
 
 def labels_key(root: Item, index: int) -> str:
     return path_key(root, index).removesuffix(".path") + ".labels"
-
-
-# -- references from accelerators and cameras --------------------------------------------------
-
-@dataclass(frozen=True)
-class ModelNames:
-    """`models:` of an accelerator or a camera: model names, each once; null is the default."""
-
-    default: str  # what leaving it out means, for the message about an empty list
-
-    def __call__(self, ctx: Context, item: Item) -> Any:
-        if item.value is None:
-            return None
-        children = sequence_or_report(ctx, item, "model names", MAX_MODELS)
-        if children is None:
-            return INVALID
-        if not children:
-            return ctx.bad_value(item, f"must not be empty (leave it out for {self.default})")
-        names = [Text(topic_safe=True, max_bytes=MAX_NAME_BYTES)(ctx, child) for child in children]
-        if INVALID in names:
-            return INVALID
-        seen: dict[str, int] = {}
-        for child, name in zip(children, names):
-            if name in seen:
-                return ctx.bad_value(child, f"is listed twice (first at line {seen[name]}); name each model once")
-            seen[name] = child.line
-        return tuple(names)
-
-    def describe(self) -> str:
-        return "non-empty list of model names (each once), or null"
-
-
-def check_model_references(ctx: Context, root: Item, accelerators: tuple[AcceleratorConfig, ...] | None) -> None:
-    """Every name in `accelerators[].models` and `cameras[].models` is a model of the file, and a
-    camera's are loaded by its group. `accelerators`: the groups as read, or None when they are not
-    valid (then only unknown names are reported)."""
-    names = declared_names(root)
-    if names is None:
-        return
-    for item in _list(root, "accelerators"):
-        _check_known(ctx, item, names)
-    groups = {a.name: (a, i) for i, a in enumerate(accelerators)} if accelerators else {}
-    for camera in _list(root, "cameras"):
-        known = _check_known(ctx, camera, names)
-        group = _group_of(camera, accelerators)
-        if group is None:
-            continue
-        accelerator, index = groups[group]
-        loads = [name for name in names if accelerator.models is None or name in accelerator.models]
-        for child in known:
-            if child.value not in loads:
-                ctx.bad_value(child, f"is not loaded by this camera's accelerator {group} (its models: "
-                                     f"{', '.join(loads)})",
-                              f"add {child.value} to that accelerator's models: (accelerators[{index}].models), or "
-                              f"run this camera on an accelerator that loads it")
-
-
-def _list(root: Item, key: str) -> list[Item]:
-    item = root.value.get(key)
-    return [child for child in item.value if child.is_mapping] if item is not None and item.is_sequence else []
-
-
-def _check_known(ctx: Context, entry: Item, names: Sequence[str]) -> list[Item]:
-    """Report the names of `entry`'s `models:` that name no model; returns the Items of the others."""
-    refs = entry.value.get("models")
-    known = []
-    for child in refs.value if refs is not None and refs.is_sequence else ():
-        if not isinstance(child.value, str):
-            continue  # reported by the reader
-        if child.value in names:
-            known.append(child)
-        else:
-            ctx.bad_value(child, f"names no model; defined: {', '.join(names)}", did_you_mean(child.value, names))
-    return known
-
-
-def _group_of(camera: Item, accelerators: tuple[AcceleratorConfig, ...] | None) -> str | None:
-    """The accelerator a camera (an Item) runs on, or None when that is not known (its reference
-    is bad, or the accelerators are not valid)."""
-    if not accelerators:
-        return None
-    ref = camera.value.get("accelerator")
-    if ref is None or ref.value is None:
-        return accelerators[0].name
-    names = [a.name for a in accelerators]
-    return ref.value if isinstance(ref.value, str) and ref.value in names else None
-
-
-def camera_model_names(camera: Item, accelerators: tuple[AcceleratorConfig, ...] | None,
-                       names: Sequence[str]) -> tuple[str, ...] | None:
-    """The names of the models a camera (an Item) gets, as `Config.camera_models` will resolve
-    them; None when a reference is bad or the accelerators are not valid (reported elsewhere)."""
-    group = _group_of(camera, accelerators)
-    if group is None or accelerators is None:
-        return None
-    accelerator = next(a for a in accelerators if a.name == group)
-    loads = [name for name in names if accelerator.models is None or name in accelerator.models]
-    refs = camera.value.get("models")
-    if refs is None or refs.value is None:
-        return tuple(loads)
-    if not refs.is_sequence or any(not isinstance(c.value, str) or c.value not in loads for c in refs.value):
-        return None
-    wanted = {child.value for child in refs.value}
-    return tuple(name for name in loads if name in wanted)
-
-
-def config_labels(model: ModelConfig) -> Sequence[str] | None:
-    """The labels the config gives `model` (a list, or a labels file), or None when only the model
-    file knows them (or the file cannot be read: the daemon reports that when it loads the model)."""
-    if model.labels is None:
-        return None
-    if not isinstance(model.labels, str):
-        return list(model.labels)
-    try:
-        return read_labels_file(model.labels)
-    except ModelError:
-        return None
 
 
 MODEL_FIELDS: dict[str, Key] = {

@@ -281,8 +281,11 @@ class Config:
         return tuple(model for model in self.models if model.name in group.models)
 
     def camera_models(self, camera: CameraConfig) -> tuple[ModelConfig, ...]:
-        """The models `camera`'s frames go to, in `models:` order (a subset of its group's).
+        """The models `camera`'s frames go to, in `models:` order (a subset of its group's); none
+        for a camera of a Config without accelerators (one built in code: nothing runs it).
         KeyError: its group is unknown, or it names a model its group does not load."""
+        if camera.accelerator is None and not self.accelerators:
+            return ()
         group = camera.accelerator or self._group_name(0)
         loaded = self.group_models(group)
         if camera.models is None:
