@@ -214,7 +214,8 @@ def declared_names(root: Item) -> tuple[str, ...] | None:
     else:
         return None
     names = [declared_name(child) for child in children]
-    return None if None in names else tuple(dict.fromkeys(name for name in names if name is not None))
+    known = [name for name in names if name is not None]
+    return tuple(dict.fromkeys(known)) if len(known) == len(names) else None
 
 
 def take_models(ctx: Context, root: Item, values: dict) -> tuple[ModelConfig, ...] | None:
