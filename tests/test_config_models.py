@@ -322,3 +322,18 @@ def test_a_config_built_with_one_model_has_it_as_its_models():
 def test_errors_are_config_errors_with_exit_78(tmp_path, linked):
     err = errors(write(tmp_path, "device_id: e\n"))
     assert isinstance(err, ConfigError) and err.exit_code == 78
+
+
+def test_the_documented_example_loads_and_routes_as_documented(tmp_path):
+    """The `models:` example of docs/configuration.md, with its model files made here."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    example = text.split("```yaml\nmodels:\n", 1)[1].split("```", 1)[0]
+    for stem in ("yolo11n_320", "yolo11n_face"):
+        (tmp_path / f"{stem}.om").write_bytes(b"an offline model: the loader never opens it")
+    example = example.replace("/opt/models/", f"{tmp_path}/")
+    config = load(write(tmp_path, "device_id: edge-01\nmodels:\n" + example))
+    coco, faces = config.models
+    assert (coco.name, coco.conf, faces.name) == ("coco", 0.3, "faces")
+    assert config.group_models("npu") == (coco, faces)
+    door, yard = config.cameras
+    assert config.camera_models(door) == (coco, faces) and config.camera_models(yard) == (coco,)
