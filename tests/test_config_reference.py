@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from yoloedge.config import accelerators, cameras, http, loader, ort, reference, tracking, zones
+from yoloedge.config import accelerators, cameras, http, loader, models, ort, reference, tracking, zones
 from yoloedge.config import ascend, simulated, tensorrt
 from yoloedge.config.fields import Key
 
@@ -23,6 +23,7 @@ COMMAND = "python -m yoloedge.config.reference > docs/configuration.md"
 #: where a section's key holds another section: (section, key) -> (child section, is a list)
 CHILDREN = {
     ("top", "model"): ("model", False),
+    ("top", "models"): ("model", True),
     ("top", "accelerators"): ("accelerators[]", True),
     ("top", "cameras"): ("cameras[]", True),
     ("top", "mqtt"): ("mqtt", False),
@@ -70,7 +71,7 @@ def test_every_key_has_a_type_a_default_and_a_meaning():
 
 
 def test_the_reference_shows_every_table_the_loader_reads():
-    tables = [loader.TOP_FIELDS, loader.MODEL_FIELDS, loader.MQTT_FIELDS, loader.TLS_FIELDS,
+    tables = [loader.TOP_FIELDS, models.MODEL_FIELDS, loader.MQTT_FIELDS, loader.TLS_FIELDS,
               loader.HOMEASSISTANT_FIELDS, loader.HEALTH_FIELDS, loader.CONTROL_FIELDS, loader.LOGGING_FIELDS,
               http.HTTP_FIELDS, cameras.CAMERA_FIELDS, accelerators.COMMON_FIELDS, accelerators.BACKEND_FIELDS,
               ort.ONNXRUNTIME_FIELDS, ascend.ASCEND_FIELDS, tensorrt.TENSORRT_FIELDS, simulated.SIMULATED_FIELDS,

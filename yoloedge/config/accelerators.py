@@ -1,4 +1,4 @@
-"""The `accelerators:` list: which backend runs the model on which devices, and its settings.
+"""The `accelerators:` list: which backend runs the models on which devices, and its settings.
 
 Which backends exist, which keys hold their settings and how those are validated comes from
 `config.catalogue`: ONNX Runtime settings sit directly on the accelerator (`provider: cuda`), other
@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, Sequence
 
 from .catalogue import BACKEND_NAMES, CATALOGUE, PLUGIN_OPTIONS_KEY, owner_of_key
 from .fields import (INVALID, MAX_NAME_BYTES, Context, Key, Integer, Number, Text, did_you_mean,
                      mapping_or_report, plain, read_present, report_duplicate_names, report_unknown_keys,
                      sequence_or_report)
-from .schema import AcceleratorConfig
+from .model import ModelConfig
+from .modelrefs import ModelNames
+from .schema import AcceleratorConfig, default_name
 from .yamltree import Item
 
 #: "package.module:ClassName", a backend class outside yoloedge.
@@ -74,6 +76,9 @@ COMMON_FIELDS: dict[str, Key] = {
     "post_threads": Key(Integer(ge=0, le=64, example=2),
                         "most decode + NMS + publish threads (the pool starts with one and grows while batches "
                         "wait); 0: one per core, at most 4"),
+    "models": Key(ModelNames("every model"),
+                  "names of the models this group loads, each on every device (see [Several models](#several-models))",
+                  default="every model"),
 }
 #: every key an accelerator may have: the common ones, each backend's settings keys, plugin options.
 ALL_KEYS = ("backend", *COMMON_FIELDS, *(key for entry in CATALOGUE.values() for key in entry.settings_keys),
@@ -83,13 +88,6 @@ ALL_KEYS = ("backend", *COMMON_FIELDS, *(key for entry in CATALOGUE.values() for
 def default_accelerators() -> tuple[AcceleratorConfig, ...]:
     """No `accelerators` key: the model runs on the CPU through ONNX Runtime."""
     return (AcceleratorConfig(name=default_name("onnxruntime", 0)),)
-
-
-def default_name(backend: str, index: int) -> str:
-    """`onnxruntime0`, `ascend1`, or the lower-cased class name for a plugin (`fpgabackend2`).
-    The one rule: the daemon names an accelerator a `Config` built in code left unnamed with it
-    too, so status and camera references agree."""
-    return f"{backend.split(':')[-1].lower()}{index}"
 
 
 def read_accelerators(ctx: Context, item: Item) -> Any:
@@ -168,28 +166,35 @@ def read_plugin_options(ctx: Context, item: Item | None) -> Any:
 
 
 def check_model_file_kind(ctx: Context, items: Item, accelerators: tuple[AcceleratorConfig, ...],
-                          model_path: str) -> None:
+                          models: Sequence[ModelConfig], places: Sequence[str]) -> None:
     """An `.onnx` model on a TensorRT accelerator (or an engine on ONNX Runtime) cannot run: say so at
-    `check` rather than when every worker fails. Only a suffix that another backend claims is
-    refused; an unusual suffix is left to the backend, which reads the file."""
-    suffix = os.path.splitext(model_path)[1].lower()
+    `check` rather than when every worker fails. Each group is checked against the models it loads
+    (its `models`, else every one); `places[i]`: how messages name model i's file (`model.path`,
+    `models[1].path`). Only a suffix that another backend claims is refused; an unusual suffix is
+    left to the backend, which reads the file."""
     for accelerator, item in zip(accelerators, items.value if items.is_sequence else ()):
         entry = CATALOGUE.get(accelerator.backend)
-        if entry is None or not suffix or suffix in entry.model_suffixes:
+        if entry is None:
             continue
-        others = [e.name for e in CATALOGUE.values() if suffix in e.model_suffixes]
-        if others:
-            where = item.value.get("backend", item) if item.is_mapping else item
-            ctx.problem(where, f"backend {entry.name} runs {'/'.join(entry.model_suffixes)} files, but model.path "
-                               f"is a {suffix} file (for {', '.join(others)}); {_conversion_hint(entry.name)}")
+        where = item.value.get("backend", item) if item.is_mapping else item
+        for model, place in zip(models, places):
+            if accelerator.models is not None and model.name not in accelerator.models:
+                continue
+            suffix = os.path.splitext(model.path)[1].lower()
+            others = [e.name for e in CATALOGUE.values() if suffix in e.model_suffixes]
+            if not suffix or suffix in entry.model_suffixes or not others:
+                continue
+            what = place if len(models) == 1 else f"{place} (model {model.name})"
+            ctx.problem(where, f"backend {entry.name} runs {'/'.join(entry.model_suffixes)} files, but {what} "
+                               f"is a {suffix} file (for {', '.join(others)}); {_conversion_hint(entry.name, place)}")
 
 
-def _conversion_hint(backend: str) -> str:
+def _conversion_hint(backend: str, place: str) -> str:
     if backend == "tensorrt":
-        return "build an engine with `yoloedge convert trt` and point model.path at it"
+        return f"build an engine with `yoloedge convert trt` and point {place} at it"
     if backend == "ascend":
-        return "convert the model with `yoloedge convert atc` and point model.path at the .om"
-    return f"point model.path at a {'/'.join(CATALOGUE[backend].model_suffixes)} file"
+        return f"convert the model with `yoloedge convert atc` and point {place} at the .om"
+    return f"point {place} at a {'/'.join(CATALOGUE[backend].model_suffixes)} file"
 
 
 #: the keys that pick an accelerator's backend and hold its own settings: `read_accelerator` reads

@@ -23,6 +23,7 @@ from ..files import file_type
 from ..model.labels import MAX_CLASSES
 from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Choice, Context, Key, Integer, Number, Text, did_you_mean,
                      range_order_ok, read_fields, read_string_list, report_duplicate_names, sequence_or_report)
+from .modelrefs import ModelNames
 from .schema import AcceleratorConfig, CameraConfig
 from .tracking import read_camera_tracking
 from .yamltree import Item
@@ -212,6 +213,10 @@ CAMERA_FIELDS: dict[str, Key] = {
                          "publish frames without detections"),
     "accelerator": Key(Text(optional=True, max_bytes=MAX_NAME_BYTES),
                        "accelerator name; null: the first"),
+    "models": Key(ModelNames("every model its accelerator loads"),
+                  "names of the models this camera's frames go to (each decoded frame once, then to each); "
+                  "they must be models its accelerator loads (see [Several models](#several-models))",
+                  default="every model its accelerator loads"),
     "zones": Key(read_zones,
                  "polygons whose tracks are counted and reported in events",
                  type=f"list of zones (below), at most {MAX_ZONES}"),

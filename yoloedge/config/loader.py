@@ -10,8 +10,10 @@ Decisions (see docs/operations/checking-config.md):
   * a section that is absent or null (`mqtt:` with everything commented out) takes its defaults;
   * `accelerators` absent or null means one ONNX Runtime accelerator on the CPU;
   * `cameras` may be empty: the daemon then idles;
-  * relative paths (model, labels, TLS files, camera file paths) are taken from the config file's
+  * relative paths (models, labels, TLS files, camera file paths) are taken from the config file's
     folder and stored resolved, because the daemon runs with / as its working directory;
+  * one `model:` or a list of `models:` (config.models), never both; a single `model:` is named
+    after its file's stem;
   * camera files and folders are not checked for existence (media may be mounted later).
 """
 
@@ -25,25 +27,24 @@ import stat
 from typing import Any, Mapping
 
 from ..files import FileProblem, file_type, read_bounded
-from ..model.labels import MAX_CLASSES, MAX_LABELS_BYTES
 from ..redact import SECRETS
 from ..spooldir import directory_problem as spool_directory_problem
 from .accelerators import check_model_file_kind, default_accelerators, read_accelerators
 from .cameras import check_camera_accelerators, read_cameras
 from .errors import ConfigError, ConfigIssue, IssueLog
-from .fields import (INVALID, MAX_NAME_BYTES, MAX_TEXT_BYTES, Boolean, Choice, Context, Key, FilePath, Integer, Number,
-                     Text, is_number, is_whole, mapping_or_report, range_order_ok, read_fields, read_string_list,
-                     sequence_or_report, show, topic_safe)
+from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Choice, Context, Key, FilePath, Integer, Number,
+                     Text, range_order_ok, read_fields, topic_safe)
 from .http import read_http
 from .location import daemon_socket
-from .model import FORMATS, ModelConfig
-from .schema import (Config, ControlConfig, HealthConfig, HomeAssistantConfig, LoggingConfig, MqttConfig, TlsConfig,
-                     TrackingConfig)
+from .model import ModelConfig
+from .modelrefs import check_camera_labels, check_model_references
+from .models import MAX_MODELS, path_key, read_model, read_models, take_models
+from .schema import (AcceleratorConfig, Config, ControlConfig, HealthConfig, HomeAssistantConfig, LoggingConfig,
+                     MqttConfig, TlsConfig, TrackingConfig)
 from .tls import TlsMaterialError, client_context
 from .tracking import merge_cameras as merge_camera_tracking
 from .tracking import read_tracking
 from .yamltree import Item, parse_tree
-from .zones import check_camera_objects
 
 DEFAULT_PATH = "/etc/yoloedge/yoloedge.yaml"
 UNIX_SOCKET_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
@@ -60,9 +61,6 @@ MAX_QUEUE_BYTES = 1024 ** 3
 MAX_SPOOL_BYTES = 1024 ** 4
 #: the fastest paced drain of the MQTT backlog, in messages a second (0 means unpaced).
 MAX_DRAIN_RATE = 100_000
-#: the most detections kept per frame, and the largest model input side (8192: MAX_IMAGE_PIXELS).
-MAX_DETECTIONS = 100_000
-MAX_IMGSZ = 8192
 #: the longest topic prefix; with device_id and a camera name (MAX_NAME_BYTES each) a topic stays
 #: far below MQTT's 65,535 bytes.
 MAX_TOPIC_PREFIX_BYTES = 256
@@ -121,132 +119,41 @@ def _size(count: int) -> str:
 
 # -- top level ---------------------------------------------------------------------------------
 
-TOP_REQUIRED = ("device_id", "model")
-
-
 def build_config(ctx: Context, root: Item | None, source: str) -> Config | None:
     if root is None:
-        ctx.log.add(None, None, "", "the file is empty; it needs at least device_id and model.path")
+        ctx.log.add(None, None, "", "the file is empty; it needs at least device_id and model.path (or models:)")
         return None
-    values = read_fields(ctx, root, TOP_FIELDS, required=TOP_REQUIRED)
+    values = read_fields(ctx, root, TOP_FIELDS, required=("device_id",))
     if values is None:
         return None
+    models = take_models(ctx, root, values)
     accelerators_ok = "accelerators" in values or "accelerators" not in root.value
     values.setdefault("accelerators", default_accelerators())
-    if accelerators_ok and "cameras" in root.value:
-        check_camera_accelerators(ctx, root.value["cameras"], values["accelerators"])
-    if "cameras" in root.value and "model" in values:
-        check_camera_objects(ctx, root.value["cameras"], values["model"])
-    if "accelerators" in root.value and accelerators_ok and "model" in values:
-        check_model_file_kind(ctx, root.value["accelerators"], values["accelerators"], values["model"].path)
+    groups = values["accelerators"] if accelerators_ok else None
+    if groups is not None and "cameras" in root.value:
+        check_camera_accelerators(ctx, root.value["cameras"], groups)
+    check_model_references(ctx, root, groups)
+    if models is not None:
+        check_models_against_groups(ctx, root, models, groups)
     if values.get("cameras") and ("tracking" in values or "tracking" not in root.value):
         values["cameras"] = merge_camera_tracking(ctx, root.value["cameras"], values["cameras"],
                                                   values.get("tracking", TrackingConfig()))
-    if any(key not in values for key in TOP_REQUIRED) or values.get("cameras") is INVALID:
+    if "device_id" not in values or models is None or values.get("cameras") is INVALID:
         return None
-    return Config(source=source, **values)
+    return Config(source=source, model=models[0], models=models, **values)
 
 
-# -- model -------------------------------------------------------------------------------------
-
-def read_model(ctx: Context, item: Item) -> Any:
-    values = read_fields(ctx, item, MODEL_FIELDS, required=("path",))
-    if values is None or "path" not in values:
-        return INVALID
-    return ModelConfig(**values)
-
-
-def read_labels(ctx: Context, item: Item) -> Any:
-    """A labels file, or the labels themselves as a list."""
-    if item.value is None or isinstance(item.value, str):
-        return FilePath(optional=True, max_bytes=MAX_LABELS_BYTES)(ctx, item)
-    names = read_string_list(ctx, item, "label names", MAX_CLASSES)
-    return INVALID if names is INVALID else tuple(names)
-
-
-def read_model_classes(ctx: Context, item: Item) -> Any:
-    """Labels or class ids to keep; an empty list would keep nothing, which is never meant."""
-    if item.value is None:
-        return None
-    children = sequence_or_report(ctx, item, "labels or class ids", MAX_CLASSES)
-    if children is None:
-        return INVALID
-    if not children:
-        return ctx.bad_value(item, "must not be empty (leave it out to keep every class)")
-    keys = [child.value if is_class_key(child.value) else ctx.bad_value(child, f"must be {CLASS_KEY}")
-            for child in children]
-    return INVALID if INVALID in keys else tuple(keys)
-
-
-CLASS_KEY = f"a label or a class id from 0 to {MAX_CLASSES - 1}"
-
-
-def is_class_key(value: Any) -> bool:
-    """A label ("person") or a class id (0): how classes are named in `classes` and `class_conf`."""
-    return ((isinstance(value, str) and bool(value.strip()) and len(value) <= MAX_TEXT_BYTES)
-            or (is_whole(value) and 0 <= value < MAX_CLASSES))
-
-
-def read_class_conf(ctx: Context, item: Item) -> Any:
-    entries = mapping_or_report(ctx, item, optional=True)
-    if entries is None:
-        return {} if item.value is None else INVALID
-    result = {}
-    for key, child in entries.items():
-        if not is_class_key(key):
-            result[key] = ctx.problem(child, f"{show(key)} is not {CLASS_KEY}")
-        else:
-            result[key] = Number(ge=0, le=1, example=0.5)(ctx, child)
-    return INVALID if INVALID in result.values() else result
-
-
-def read_imgsz(ctx: Context, item: Item) -> Any:
-    """N (square) or [H, W]: the input size for models whose input axes are dynamic."""
-    value = item.value
-    requirement = f"must be N or [H, W] (whole numbers from 1 to {MAX_IMGSZ}) or null"
-    if value is None:
-        return None
-    if _side(value):
-        return (value, value)
-    if item.is_sequence and len(value) == 2 and all(_side(c.value) for c in value):
-        return (value[0].value, value[1].value)
-    return ctx.bad_value(item, requirement, "e.g. imgsz: 640 or imgsz: [384, 640]")
-
-
-def _side(value: Any) -> bool:
-    return is_whole(value) and 1 <= value <= MAX_IMGSZ
-
-
-def read_anchors(ctx: Context, item: Item) -> Any:
-    """Raw-head anchors: one list of w,h pairs per head, flat or as [w, h] pairs."""
-    if item.value is None:
-        return None
-    levels = sequence_or_report(ctx, item, "anchor lists, one per head")
-    if levels is None:
-        return INVALID
-    if not levels:
-        return ctx.bad_value(item, "must not be empty (leave it out for the YOLOv5 defaults)")
-    parsed = [_anchor_level(ctx, level) for level in levels]
-    return INVALID if INVALID in parsed else tuple(parsed)
-
-
-def _anchor_level(ctx: Context, item: Item) -> Any:
-    flat = _flattened(item) if item.is_sequence else []
-    if not flat or len(flat) % 2 or not all(is_number(v) and 0 < v <= MAX_IMGSZ for v in flat):
-        return ctx.bad_value(item, f"must be a list of w,h pairs (numbers > 0 and <= {MAX_IMGSZ})",
-                             "e.g. [10,13, 16,30, 33,23] or [[10,13], [16,30], [33,23]]")
-    return tuple(float(v) for v in flat)
-
-
-def _flattened(item: Item) -> list[Any]:
-    """[10, 13, 16, 30] and [[10, 13], [16, 30]] both give [10, 13, 16, 30]."""
-    flat: list[Any] = []
-    for child in item.value:
-        if child.is_sequence:
-            flat.extend(grandchild.value for grandchild in child.value)
-        else:
-            flat.append(child.value)
-    return flat
+def check_models_against_groups(ctx: Context, root: Item, models: tuple[ModelConfig, ...],
+                                groups: tuple[AcceleratorConfig, ...] | None) -> None:
+    """What needs the models read: each camera's labels against its own models' labels, and each
+    group's model files against its backend."""
+    if groups is None:
+        return
+    if "cameras" in root.value:
+        check_camera_labels(ctx, root, models, groups)
+    if "accelerators" in root.value:
+        check_model_file_kind(ctx, root.value["accelerators"], groups, models,
+                              [path_key(root, index) for index in range(len(models))])
 
 
 # -- mqtt --------------------------------------------------------------------------------------
@@ -451,11 +358,16 @@ TOP_FIELDS: dict[str, Key] = {
                      "this box's name; second level of every topic",
                      default="required"),
     "model": Key(read_model,
-                 "the model, below",
+                 "the model, below; named after its file's stem unless it has a `name`",
                  type="mapping",
-                 default="required"),
+                 default="required, or `models`"),
+    "models": Key(read_models,
+                  "several models at once, instead of `model`: each a mapping with the keys of `model` (see "
+                  "[Several models](#several-models))",
+                  type=f"non-empty list of mappings, at most {MAX_MODELS}, names unique",
+                  default="required, or `model`"),
     "accelerators": Key(read_accelerators,
-                        "groups of devices running the model",
+                        "groups of devices running the models",
                         type="list",
                         default="one ONNX Runtime CPU accelerator named `onnxruntime0`"),
     "cameras": Key(read_cameras,
@@ -487,47 +399,6 @@ TOP_FIELDS: dict[str, Key] = {
                     default="defaults below"),
     "shutdown_timeout_s": Key(Number(gt=0, le=MAX_WAIT_S, example=10),
                               "seconds to drain queued frames on stop"),
-}
-
-
-MODEL_FIELDS: dict[str, Key] = {
-    "path": Key(FilePath(),
-                "ONNX model (`.om` / `.engine` for Ascend / TensorRT)",
-                default="required, must be a regular file"),
-    "format": Key(Choice(FORMATS, optional=True),
-                  "output layout; null recognises it"),
-    "labels": Key(read_labels,
-                  "labels file (one per line, or YAML with `names:`) or the labels; null: model metadata, else "
-                  "COCO-80 / `class0..N`",
-                  type=f"path (a regular file <= {MAX_LABELS_BYTES // 1024 // 1024} MiB), list of strings, or null"),
-    "conf": Key(Number(ge=0, le=1, example=0.25),
-                "minimum score"),
-    "iou": Key(Number(ge=0, le=1, example=0.45),
-               "NMS overlap threshold"),
-    "max_det": Key(Integer(ge=1, le=MAX_DETECTIONS, example=300),
-                   "most detections per frame"),
-    "agnostic_nms": Key(Boolean(optional=True),
-                        "NMS across classes; null: YOLOX yes, others no"),
-    "classes": Key(read_model_classes,
-                   "keep only these classes",
-                   type="non-empty list of labels / ids, or null"),
-    "class_conf": Key(read_class_conf,
-                      "per-class minimum score",
-                      type="mapping label/id -> number 0..1"),
-    "imgsz": Key(read_imgsz,
-                 "input size for dynamic-axis models",
-                 type=f"N, [H, W] (1..{MAX_IMGSZ}), or null"),
-    "anchors": Key(read_anchors,
-                   "raw-head anchors, one list per head; null: YOLOv5's",
-                   type="list of w,h lists, or null"),
-    "input": Key(Choice(("host", "aipp")),
-                 "float NCHW on the host, or uint8 NHWC (Ascend AIPP)"),
-    "letterbox": Key(Choice(("center", "topleft"), optional=True),
-                     "placement; null: family default"),
-    "color": Key(Choice(("rgb", "bgr"), optional=True),
-                 "channel order; null: family default"),
-    "normalize": Key(Boolean(optional=True),
-                     "divide by 255; null: family default"),
 }
 
 

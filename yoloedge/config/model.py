@@ -39,7 +39,7 @@ def stem_name(path: str) -> str:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Each field is a key: its meaning, type and bounds are its Key in `config.loader.MODEL_FIELDS`.
+    """Each field is a key: its meaning, type and bounds are its Key in `config.models.MODEL_FIELDS`.
     `name` is what cameras and accelerators refer to, and what results say they came from; left
     empty, it is the file's stem (`stem_name`)."""
 

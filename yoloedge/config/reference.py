@@ -25,9 +25,10 @@ from .ascend import ASCEND_FIELDS, AscendConfig
 from .cameras import CAMERA_FIELDS
 from .fields import Key
 from .http import HTTP_FIELDS
-from .loader import (CONTROL_FIELDS, HEALTH_FIELDS, HOMEASSISTANT_FIELDS, LOGGING_FIELDS, MODEL_FIELDS, MQTT_FIELDS,
-                     TLS_FIELDS, TOP_FIELDS)
+from .loader import (CONTROL_FIELDS, HEALTH_FIELDS, HOMEASSISTANT_FIELDS, LOGGING_FIELDS, MQTT_FIELDS, TLS_FIELDS,
+                     TOP_FIELDS)
 from .model import ModelConfig, OnnxRuntimeConfig
+from .models import MODEL_FIELDS
 from .ort import ONNXRUNTIME_FIELDS
 from .schema import (AcceleratorConfig, CameraConfig, Config, ControlConfig, HealthConfig, HomeAssistantConfig,
                      HttpConfig, LineConfig, LoggingConfig, MqttConfig, TlsConfig, TrackingConfig, ZoneConfig)

@@ -90,9 +90,16 @@ class TrackingConfig:
 
 
 
+def default_name(backend: str, index: int) -> str:
+    """`onnxruntime0`, `ascend1`, or the lower-cased class name for a plugin (`fpgabackend2`).
+    The one rule: the daemon names an accelerator a `Config` built in code left unnamed with it
+    too, so status and camera references agree."""
+    return f"{backend.split(':')[-1].lower()}{index}"
+
+
 @dataclass(frozen=True)
 class AcceleratorConfig:
-    """One group of identical devices running the model; one worker thread per device.
+    """One group of identical devices running its models; one worker thread per device.
 
     The fields are keys (their meaning, type and bounds: `config.accelerators.COMMON_FIELDS` and
     `BACKEND_FIELDS`), except the two that hold a backend's own settings: `onnxruntime` (the ONNX
@@ -112,6 +119,8 @@ class AcceleratorConfig:
     onnxruntime: OnnxRuntimeConfig = field(default_factory=OnnxRuntimeConfig)
     options: Mapping[str, object] = field(default_factory=dict)
     name: str = ""  # the loader names an unnamed one "<backend><index>"
+    #: names of the models this group loads; None: every model (`Config.group_models`)
+    models: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +153,9 @@ class CameraConfig:
     event_snapshots_mb: float = 16.0
     #: the top-level `tracking:` with this camera's own `tracking:` keys over it (config.tracking)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    #: names of the models this camera's frames go to; None: every model its group loads
+    #: (`Config.camera_models`)
+    models: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -257,10 +269,39 @@ class Config:
             object.__setattr__(self, "models", (self.model,))
 
     def group_models(self, accelerator: str) -> tuple[ModelConfig, ...]:
-        """The models the accelerator group `accelerator` loads, in `models:` order."""
-        return self.models
+        """The models the accelerator group `accelerator` loads, in `models:` order. An unnamed
+        group (a Config built in code) answers to its `default_name`. KeyError: no such group, or
+        the group names a model that is not in `models` (the loader refuses both)."""
+        group = self._group(accelerator)
+        if group.models is None:
+            return self.models
+        missing = [name for name in group.models if name not in {model.name for model in self.models}]
+        if missing:
+            raise KeyError(f"accelerator {accelerator!r} names models that are not configured: {', '.join(missing)}")
+        return tuple(model for model in self.models if model.name in group.models)
 
     def camera_models(self, camera: CameraConfig) -> tuple[ModelConfig, ...]:
-        """The models `camera`'s frames go to, in `models:` order (a subset of its group's)."""
-        group = camera.accelerator or (self.accelerators[0].name if self.accelerators else "")
-        return self.group_models(group)
+        """The models `camera`'s frames go to, in `models:` order (a subset of its group's); none
+        for a camera of a Config without accelerators (one built in code: nothing runs it).
+        KeyError: its group is unknown, or it names a model its group does not load."""
+        if camera.accelerator is None and not self.accelerators:
+            return ()
+        group = camera.accelerator or self._group_name(0)
+        loaded = self.group_models(group)
+        if camera.models is None:
+            return loaded
+        missing = [name for name in camera.models if name not in {model.name for model in loaded}]
+        if missing:
+            raise KeyError(f"camera {camera.name!r} names models accelerator {group!r} does not load: "
+                           f"{', '.join(missing)}")
+        return tuple(model for model in loaded if model.name in camera.models)
+
+    def _group_name(self, index: int) -> str:
+        accelerator = self.accelerators[index]
+        return accelerator.name or default_name(accelerator.backend, index)
+
+    def _group(self, name: str) -> AcceleratorConfig:
+        for index, accelerator in enumerate(self.accelerators):
+            if self._group_name(index) == name:
+                return accelerator
+        raise KeyError(f"no accelerator named {name!r}")

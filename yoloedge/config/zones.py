@@ -5,20 +5,19 @@ distinct points, does not intersect itself and encloses some area; a line has tw
 Zone and line names become MQTT topic levels (`.../zones/{name}`, `.../lines/{name}`), so they are
 read like camera names, and they are unique per camera across zones and lines (status and
 `yoloedge-ctl reset-counts CAMERA NAME` name either by it). `objects` must be labels the camera
-can publish (in its `classes:` when it has them) and, when the config gives the model's labels
-(`model.labels`, a list or a file), labels of the model; labels that only the model file knows are
-checked when the camera starts (a warning, like `classes:`).
+can publish (in its `classes:` when it has them) and, when the config gives the labels of every
+model the camera gets (`labels:`, a list or a file), labels of one of those models, as must its
+`classes:` (`check_camera_objects`); labels that only the model files know are checked when the
+camera starts (a warning).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..errors import ModelError
-from ..model.labels import MAX_CLASSES, read_labels_file
+from ..model.labels import MAX_CLASSES
 from .fields import (INVALID, MAX_NAME_BYTES, Choice, Context, Key, Integer, Reader, Text, did_you_mean, is_number,
                      read_fields, read_string_list, report_duplicate_names, sequence_or_report)
-from .model import ModelConfig
 from .polygon import polygon_problem
 from .schema import DEFAULT_INERTIA, Anchor, LineConfig, PublishMode, ZoneConfig
 from .yamltree import Item
@@ -91,8 +90,8 @@ NAME_KEY = Key(NAME, "topic level (`.../zones/{name}`, `.../lines/{name}`), stat
                default="required, unique among the camera's zones and lines")
 OBJECTS_KEY = Key(read_objects,
                   "count only these labels; null: every label. They must be in the camera's `classes` when it has "
-                  "them, and in `model.labels` when the config gives the labels (labels only the model file knows "
-                  "are checked when the camera starts: a warning)",
+                  "them, and labels of its models when the config gives their labels (labels only the model files "
+                  "know are checked when the camera starts: a warning)",
                   type="non-empty list of labels, or null")
 ANCHOR_KEY = Key(read_anchor, "the point of the box that counts: where an object stands, or the box's centre",
                  type="`bottom_center`, `center`")
@@ -161,18 +160,17 @@ def objects_in_classes_ok(ctx: Context, entries: dict, values: dict) -> bool:
                       "add it to classes: or remove it here")
 
 
-def check_camera_objects(ctx: Context, cameras: Item, model: ModelConfig) -> None:
-    """Run once the model section is valid: `objects` must be labels of the model when the config
-    gives them (a list, or a labels file); works on the Items, like the accelerator check."""
-    if model.labels is None:
-        return
-    try:
-        labels = read_labels_file(model.labels) if isinstance(model.labels, str) else list(model.labels)
-    except ModelError:
-        return  # the daemon reports the unreadable labels file when it loads the model
-    for camera in cameras.value if cameras.is_sequence else ():
-        if camera.is_mapping:
-            _labels_ok(ctx, camera.value, labels, "is not one of the model's labels (model.labels)")
+def check_camera_objects(ctx: Context, entries: dict, labels: Sequence[str], where: str) -> None:
+    """Run once the models are valid, for a camera (its Items' entries) whose models' labels the
+    config gives (`labels`: every label of the models it gets; `where`: how the message names
+    them): its `classes`, and its zones' and lines' `objects`, must be among them. Works on the
+    Items, like the accelerator check, so a camera with other problems is still checked."""
+    classes = entries.get("classes")
+    for label in classes.value if classes is not None and classes.is_sequence else ():
+        if isinstance(label.value, str) and label.value not in labels:
+            ctx.bad_value(label, f"is not one of {where}, so the camera would never publish it",
+                          did_you_mean(label.value, labels))
+    _labels_ok(ctx, entries, labels, f"is not one of {where}")
 
 
 def _labels_ok(ctx: Context, entries: dict, known: Sequence[str], requirement: str, hint: str | None = None) -> bool:
