@@ -121,6 +121,9 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
     def _settle(self) -> None:
         self._process.settle(self)
 
+    def _tensors(self) -> list[Tensor]:
+        return [*super()._tensors(), *([self._mbatch] if self._mbatch is not None else [])]
+
     # -- open ----------------------------------------------------------------------------------
     def _open(self, max_batch: int, input_sets: int, output_sets: int) -> ModelSpec:
         require_model_file(self.model_path)
@@ -138,20 +141,13 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         return spec
 
     def _open_device(self) -> None:
+        """The card's context and stream, shared by every model of this backend's scope (created
+        by the first, released after the last; see `acl_runtime.DeviceContext`)."""
         device = self.config.device_id
-        check(acl.rt.set_device(device), "acl.rt.set_device", f"device {device}")
-        self._undo.push("reset device", lambda: check(acl.rt.reset_device(device), "acl.rt.reset_device"))
-        context = checked(acl.rt.create_context(device), "acl.rt.create_context", f"device {device}")
-        self._context = context  # bound to this thread by create_context
-        self._undo.push("destroy context", lambda: check(acl.rt.destroy_context(context), "acl.rt.destroy_context"))
-        stream = checked(acl.rt.create_stream(), "acl.rt.create_stream")
-        self._stream = stream
-        self._undo.push("destroy stream", lambda: check(acl.rt.destroy_stream(stream), "acl.rt.destroy_stream"))
-        run_mode = checked(acl.rt.get_run_mode(), "acl.rt.get_run_mode") if hasattr(acl.rt, "get_run_mode") \
-            else rt.ACL_HOST
-        if run_mode == rt.ACL_DEVICE:  # on the card's own CPU "host" memory is device memory
-            self._memcpy_in = self._memcpy_out = rt.ACL_MEMCPY_DEVICE_TO_DEVICE
-        self._soc = acl.get_soc_name() if hasattr(acl, "get_soc_name") else ""
+        shared = self._shared(f"ascend device {device}", lambda: rt.open_context(device), rt.close_context)
+        check(acl.rt.set_context(shared.context), "acl.rt.set_context", f"device {device}")
+        self._context, self._stream = shared.context, shared.stream
+        self._memcpy_in, self._memcpy_out, self._soc = shared.memcpy_in, shared.memcpy_out, shared.soc
 
     def _load_model(self) -> None:
         desc = acl.mdl.create_desc()
