@@ -139,7 +139,7 @@ def malloc(state, size, policy):
     if state.device_used[device] + rounded > DEVICE_MEMORY:
         raise Refused(RT_MEMORY_ALLOCATION, "device memory exhausted")
     state.device_used[device] += rounded
-    return state.add_region(rounded, "device", device).ptr
+    return state.add_region(rounded, "device", device, requested=size).ptr
 
 
 @api("acl.rt.malloc_host", "value", default=0)
