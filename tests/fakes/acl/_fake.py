@@ -4,8 +4,9 @@
 Test controls:
 * `reset(devices=2, run_mode=ACL_HOST, util_helpers=ALL_UTIL, soc="Ascend310P3")`: a fresh process
   (pyACL allows one `acl.init` per process, so every in-process test starts with one);
-* `fail(call, code, device=None, times=None)`: the next `times` calls of `call` (e.g.
-  "acl.mdl.execute") on `device` (None: any) return `code` instead of running;
+* `fail(call, code, device=None, times=None)`: the next `times` calls of `call` on `device` (None:
+  any) return `code` instead of running; calls that take faults: "acl.rt.set_device",
+  "acl.rt.malloc", "acl.rt.malloc_host", "acl.mdl.execute", "acl.mdl.execute_async";
 * `hold(call, device=None, times=1)`: the next `times` calls of `call` on `device` block (a hung
   card) until the returned `Hold` is released, then run as usual; they wait outside the fake's
   lock, so the other cards go on. Only calls that name a device or a model take holds
