@@ -97,14 +97,19 @@ def config_for(path: Path, name: str) -> ModelConfig:
 
 
 @pytest.fixture(scope="module")
-def expected(models, media) -> dict[str, list[list[dict]]]:
-    """What ONNX Runtime finds with each model on the real images (the detections to match)."""
+def expected(models, media, references) -> dict[str, list[list[dict]]]:
+    """What ONNX Runtime finds with each model on the real images (the detections to match), checked
+    against the upstream references first."""
     images = load_images(media)
     found = {}
     for name in (V8, YOLOX):
         reference = Detector(config_for(models / name, name), OnnxRuntimeBackend(str(models / name)))
         found[name] = detections(reference, images)
         reference.backend.close()
+        for dets, image in zip(found[name], IMAGES):
+            file = references / f"{Path(name).stem}__{Path(image).stem}__conf25_iou45.json"
+            upstream = json.loads(file.read_text())
+            assert not mismatches(dets, upstream["detections"]), (name, image)
     # the references are not empty or alike: both models see the bus and people in bus.jpg
     for name in (V8, YOLOX):
         assert {"bus", "person"} <= {d["label"] for d in found[name][0]}, (name, found[name][0])
