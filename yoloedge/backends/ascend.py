@@ -2,16 +2,24 @@
 
 Lifecycle, all on the worker thread that owns the card (pyACL binds contexts to threads):
 
-    open:  [acl.init, first backend of the process]  set_device -> create_context -> create_stream
-           -> create_desc -> load_from_file -> get_desc -> device memory (sized for the largest batch
-           gear) + pinned host memory (acl.rt.malloc_host: one buffer per input set and per output
-           set) -> data buffers -> input/output datasets (the input dataset includes
-           `ascend_mbatch_shape_data` on dynamic-batch models)
+    open:  [acl.init, first backend of the process]  [set_device -> create_context -> create_stream,
+           first backend of the device scope] -> create_desc -> load_from_file -> get_desc -> device
+           memory (sized for the largest batch gear) + pinned host memory (acl.rt.malloc_host: one
+           buffer per input set and per output set) -> data buffers -> input/output datasets (the
+           input dataset includes `ascend_mbatch_shape_data` on dynamic-batch models)
     run:   set_context -> memcpy in (only the frames of this batch, from the chosen input set) ->
            set_dynamic_batch_size (smallest gear >= n) -> execute (or execute_async +
            synchronize_stream) -> memcpy out (into the chosen output set)
     close: exactly the reverse: datasets, data buffers, device and host memory, unload, destroy
-           desc, stream, context, reset_device, [acl.finalize, last backend of the process]
+           desc, [stream, context, reset_device, last backend of the device scope],
+           [acl.finalize, last backend of the process]
+
+Several models on one card: the backends of one device scope (`base.DeviceScope`: one worker
+incarnation) share one context and one stream (`acl_runtime.DeviceContext`), and each keeps its
+own description, datasets and buffers. One stream, not one per model: the worker runs one model
+at a time and each run ends synchronised (execute, or execute_async + synchronize_stream), so a
+second stream would overlap nothing, and fewer streams is less of what a card has a limited number
+of. A backend given no scope opens a private one: its own context and stream, as with one model.
 
 Every acquisition pushes its own undo step, so `close` (and a failed `open`) release precisely
 what was acquired, in reverse order, and a failing step does not stop the ones after it. The

@@ -17,6 +17,14 @@ Lifecycle, all on the worker thread that owns the GPU:
            cudaMemcpyAsync out (into the chosen output set) -> cudaStreamSynchronize
     close: exactly the reverse: pinned and device memory, context, engine, runtime, stream
 
+Several models on one GPU: the backends of one device scope (`base.DeviceScope`: one worker
+incarnation) share the device's primary context (what cudaSetDevice binds) and one stream, created
+by the first and destroyed after the last closed; each keeps its own runtime (its logger names its
+model), engine, execution context and buffers. One stream, not one per model: the worker runs one
+model at a time and every run ends with cudaStreamSynchronize, so a stream per model would overlap
+nothing, while one keeps every copy and execution of that GPU in one order. A backend given no
+scope opens a private one: its own stream, as with one model.
+
 Every acquisition pushes its own undo step, so `close` (and a failed `open`) release precisely
 what was acquired, in reverse order, and a failing step does not stop the ones after it. The
 open/run/close skeleton around these calls is `device.PinnedDeviceBackend`'s, shared with the
