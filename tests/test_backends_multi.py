@@ -326,6 +326,41 @@ def test_a_new_incarnation_gets_its_own_context_and_leaves_the_old_one_alone(acl
     assert not any(acl_fake.leaks().values()) and acl_fake.STATE.finalize_count == 1 and ascend_misuse() == []
 
 
+def test_a_recovered_card_runs_in_a_new_context_while_the_old_incarnation_hangs(acl_process, tmp_path):
+    """Device recovery: the old worker is stuck in execute; the new incarnation opens every model
+    again in a scope of its own, runs, and the old one, when it wakes, finishes in its own context."""
+    from onnx_models import make_dynamic_batch_v8_model, make_fixed_batch_v8_model
+
+    oms = [make_om(tmp_path, make_dynamic_batch_v8_model(tmp_path / "a.onnx", size=64), batch=[1, 2]),
+           make_om(tmp_path, make_fixed_batch_v8_model(tmp_path / "b.onnx", size=32), batch=1)]
+
+    def incarnation(scope):
+        backends = [AscendBackend(str(om), AscendConfig()) for om in oms]
+        for backend in backends:
+            backend.use_scope(scope)
+            backend.open(2)
+        return backends
+
+    old = on_worker(incarnation, DeviceScope("incarnation 1"))
+    hang = acl_fake.hold("acl.mdl.execute", device=0, times=1)
+    stuck = threading.Thread(target=old[0].run, args=(1,))
+    stuck.start()
+    assert hang.entered.wait(30)
+    new = on_worker(incarnation, DeviceScope("incarnation 2"))
+    assert acl_fake.STATE.counts["acl.rt.create_context"] == 2
+    assert {ascend_context_of(b) for b in old} != {ascend_context_of(b) for b in new}
+    assert len({ascend_context_of(b) for b in new}) == 1
+    for backend in new:
+        outputs = on_worker(backend.run, 1)
+        assert outputs[0].shape[0] == 1
+    hang.release()
+    stuck.join(30)
+    assert not stuck.is_alive()
+    for backend in (*new, *old):
+        on_worker(backend.close)
+    assert not any(acl_fake.leaks().values()) and acl_fake.STATE.finalize_count == 1 and ascend_misuse() == []
+
+
 def test_use_scope_after_open_is_refused(acl_process, tmp_path):
     from onnx_models import make_dynamic_batch_v8_model
 
