@@ -12,7 +12,7 @@ from typing import Any
 
 from ..config.catalogue import BACKEND_NAMES, CATALOGUE, BackendEntry
 from ..errors import BackendUnavailableError
-from .base import Backend
+from .base import Backend, DeviceScope
 
 
 def backend_names() -> tuple[str, ...]:
@@ -57,4 +57,5 @@ def backend_config_for(accelerator: Any, device: int) -> Any:
     return {**dict(accelerator.options), "device_id": device}
 
 
-__all__ = ["Backend", "BackendEntry", "CATALOGUE", "backend_config_for", "backend_names", "create_backend"]
+__all__ = ["Backend", "BackendEntry", "CATALOGUE", "DeviceScope", "backend_config_for", "backend_names",
+           "create_backend"]

@@ -12,6 +12,12 @@ C enums of `acl_base.h` / `acl_rt.h` / `acl_mdl.h`, kept here as the CANN sample
 come after the last one. Several backends (one per card, each on its own worker thread) share the
 process, so `AclProcess` counts them: the first `acquire` initialises, the last `release`
 finalises, whatever order the workers stop in and whether or not they failed.
+
+`DeviceContext` is what the models of one device scope (one worker incarnation, see
+`base.DeviceScope`) share on one card: the device set once, one explicit context and one stream in
+it. Every model of the scope is loaded, run and unloaded under that context (pyACL requires load,
+execute and unload under the same context), and the context is destroyed after the last model of
+the scope was unloaded (destroying it under a loaded model is refused).
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ import logging
 import threading
 import warnings
 import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 import acl
 import numpy as np
 
 from ..errors import BackendError
+from .undo import UndoStack, raise_collected
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +247,56 @@ class AclProcess:
 
 #: the one instance the backends share.
 PROCESS = AclProcess()
+
+
+@dataclass
+class DeviceContext:
+    """One card's context and stream, shared by the models of one device scope."""
+
+    device: int
+    context: int = 0
+    stream: int = 0
+    memcpy_in: int = ACL_MEMCPY_HOST_TO_DEVICE
+    memcpy_out: int = ACL_MEMCPY_DEVICE_TO_HOST
+    soc: str = ""
+    undo: UndoStack = field(default_factory=UndoStack)
+
+
+def open_context(device: int) -> DeviceContext:
+    """set_device -> create_context (bound to this thread) -> create_stream -> run mode; a failure
+    releases what was taken (newest first) before its error is raised."""
+    ctx = DeviceContext(device)
+    try:
+        check(acl.rt.set_device(device), "acl.rt.set_device", f"device {device}")
+        ctx.undo.push("reset device", lambda: check(acl.rt.reset_device(device), "acl.rt.reset_device"))
+        context = checked(acl.rt.create_context(device), "acl.rt.create_context", f"device {device}")
+        ctx.context = context
+        ctx.undo.push("destroy context", lambda: check(acl.rt.destroy_context(context), "acl.rt.destroy_context"))
+        stream = checked(acl.rt.create_stream(), "acl.rt.create_stream")
+        ctx.stream = stream
+        ctx.undo.push("destroy stream", lambda: check(acl.rt.destroy_stream(stream), "acl.rt.destroy_stream"))
+        run_mode = checked(acl.rt.get_run_mode(), "acl.rt.get_run_mode") if hasattr(acl.rt, "get_run_mode") \
+            else ACL_HOST
+    except BaseException:
+        for err in ctx.undo.unwind():
+            log.error("while releasing device %d after a failed open: %s", device, err)
+        raise
+    if run_mode == ACL_DEVICE:  # on the card's own CPU "host" memory is device memory
+        ctx.memcpy_in = ctx.memcpy_out = ACL_MEMCPY_DEVICE_TO_DEVICE
+    ctx.soc = acl.get_soc_name() if hasattr(acl, "get_soc_name") else ""
+    return ctx
+
+
+def close_context(ctx: DeviceContext) -> None:
+    """destroy_stream -> destroy_context -> reset_device, on whichever thread closes the last model
+    (its context bound first); every step runs, the first failure is raised."""
+    errors: list[Exception] = []
+    try:
+        check(acl.rt.set_context(ctx.context), "acl.rt.set_context", "before destroying the stream")
+    except AclError as exc:
+        errors.append(exc)
+    errors += ctx.undo.unwind()
+    raise_collected(errors, f"the context of device {ctx.device}")
 
 
 def host_array(ptr: int, nbytes: int) -> np.ndarray | None:

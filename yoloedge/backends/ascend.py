@@ -2,16 +2,24 @@
 
 Lifecycle, all on the worker thread that owns the card (pyACL binds contexts to threads):
 
-    open:  [acl.init, first backend of the process]  set_device -> create_context -> create_stream
-           -> create_desc -> load_from_file -> get_desc -> device memory (sized for the largest batch
-           gear) + pinned host memory (acl.rt.malloc_host: one buffer per input set and per output
-           set) -> data buffers -> input/output datasets (the input dataset includes
-           `ascend_mbatch_shape_data` on dynamic-batch models)
+    open:  [acl.init, first backend of the process]  [set_device -> create_context -> create_stream,
+           first backend of the device scope] -> create_desc -> load_from_file -> get_desc -> device
+           memory (sized for the largest batch gear) + pinned host memory (acl.rt.malloc_host: one
+           buffer per input set and per output set) -> data buffers -> input/output datasets (the
+           input dataset includes `ascend_mbatch_shape_data` on dynamic-batch models)
     run:   set_context -> memcpy in (only the frames of this batch, from the chosen input set) ->
            set_dynamic_batch_size (smallest gear >= n) -> execute (or execute_async +
            synchronize_stream) -> memcpy out (into the chosen output set)
     close: exactly the reverse: datasets, data buffers, device and host memory, unload, destroy
-           desc, stream, context, reset_device, [acl.finalize, last backend of the process]
+           desc, [stream, context, reset_device, last backend of the device scope],
+           [acl.finalize, last backend of the process]
+
+Several models on one card: the backends of one device scope (`base.DeviceScope`: one worker
+incarnation) share one context and one stream (`acl_runtime.DeviceContext`), and each keeps its
+own description, datasets and buffers. One stream, not one per model: the worker runs one model
+at a time and each run ends synchronised (execute, or execute_async + synchronize_stream), so a
+second stream would overlap nothing, and fewer streams is less of what a card has a limited number
+of. A backend given no scope opens a private one: its own context and stream, as with one model.
 
 Every acquisition pushes its own undo step, so `close` (and a failed `open`) release precisely
 what was acquired, in reverse order, and a failing step does not stop the ones after it. The
@@ -121,6 +129,9 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
     def _settle(self) -> None:
         self._process.settle(self)
 
+    def _tensors(self) -> list[Tensor]:
+        return [*super()._tensors(), *([self._mbatch] if self._mbatch is not None else [])]
+
     # -- open ----------------------------------------------------------------------------------
     def _open(self, max_batch: int, input_sets: int, output_sets: int) -> ModelSpec:
         require_model_file(self.model_path)
@@ -138,20 +149,13 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         return spec
 
     def _open_device(self) -> None:
+        """The card's context and stream, shared by every model of this backend's scope (created
+        by the first, released after the last; see `acl_runtime.DeviceContext`)."""
         device = self.config.device_id
-        check(acl.rt.set_device(device), "acl.rt.set_device", f"device {device}")
-        self._undo.push("reset device", lambda: check(acl.rt.reset_device(device), "acl.rt.reset_device"))
-        context = checked(acl.rt.create_context(device), "acl.rt.create_context", f"device {device}")
-        self._context = context  # bound to this thread by create_context
-        self._undo.push("destroy context", lambda: check(acl.rt.destroy_context(context), "acl.rt.destroy_context"))
-        stream = checked(acl.rt.create_stream(), "acl.rt.create_stream")
-        self._stream = stream
-        self._undo.push("destroy stream", lambda: check(acl.rt.destroy_stream(stream), "acl.rt.destroy_stream"))
-        run_mode = checked(acl.rt.get_run_mode(), "acl.rt.get_run_mode") if hasattr(acl.rt, "get_run_mode") \
-            else rt.ACL_HOST
-        if run_mode == rt.ACL_DEVICE:  # on the card's own CPU "host" memory is device memory
-            self._memcpy_in = self._memcpy_out = rt.ACL_MEMCPY_DEVICE_TO_DEVICE
-        self._soc = acl.get_soc_name() if hasattr(acl, "get_soc_name") else ""
+        shared = self._shared(f"ascend device {device}", lambda: rt.open_context(device), rt.close_context)
+        check(acl.rt.set_context(shared.context), "acl.rt.set_context", f"device {device}")
+        self._context, self._stream = shared.context, shared.stream
+        self._memcpy_in, self._memcpy_out, self._soc = shared.memcpy_in, shared.memcpy_out, shared.soc
 
     def _load_model(self) -> None:
         desc = acl.mdl.create_desc()

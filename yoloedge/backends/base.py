@@ -17,31 +17,122 @@ while the device executes another, and post-processing reads one output set whil
 writes the next. The backend owns these buffers because only it knows what memory the device
 can copy from fastest (pinned host memory on Ascend, IOBinding-bound arrays on ONNX Runtime).
 Neither `run` nor anything else after `open` may allocate per batch.
+
+Several models on one device: the device worker of one incarnation (one opening of one device)
+creates one backend per model of its group, hands them all one `DeviceScope` (`use_scope`) and
+opens them on its thread. What the backends of one scope share (an Ascend context and stream, a
+CUDA stream) is created by the first backend that needs it and released after the last one closed;
+each backend keeps its own model and buffers. A backend never given a scope opens a private one,
+which is what a single model always did. Device recovery opens a new incarnation with a new scope,
+so a hung old one keeps its own context while the new one gets its own.
 """
 
 from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
 from ..errors import BackendError, ModelError
 from ..files import regular_file_problem
 from ..model.spec import ModelSpec
+from .undo import raise_collected
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
+
+@dataclass
+class _Shared:
+    value: Any
+    release: Callable[[Any], None]
+    users: int
+
 
 class DeviceScope:
-    """What the backends of one opening of one device share (placeholder: nothing yet)."""
+    """What the backends one worker thread opens on one device share: resources by key, counted.
+
+    `shared(key, create, release)` hands out the resource under `key`, creating it on its first
+    use; each call counts one user, and `release(key)` counts one less, releasing the resource (with
+    the `release` given when it was created) after the last. A backend pushes that `release(key)` on
+    its undo stack right after `shared`, so its own resources (model, buffers) go first and the
+    shared ones only after the last backend of the scope closed. `close()` releases whatever is
+    left, newest first (nothing, when every backend closed), and refuses further use.
+
+    Thread confinement: a scope belongs to one incarnation, and its backends are opened, run and
+    closed on that incarnation's worker thread (a close from another thread comes after that
+    worker is gone: sequential, never concurrent). So it takes no lock; its resources are device
+    handles bound to that thread's use anyway. A new incarnation must get a new scope.
+    """
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name  # for logs: e.g. "ascend device 0, incarnation 2"
+        self._entries: dict[str, _Shared] = {}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"DeviceScope({self.name!r}, {dict((k, e.users) for k, e in self._entries.items())})"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def users(self, key: str) -> int:
+        """How many backends hold `key` now (0: not created, or already released)."""
+        entry = self._entries.get(key)
+        return entry.users if entry is not None else 0
+
+    def keys(self) -> tuple[str, ...]:
+        """The resources held now, oldest first."""
+        return tuple(self._entries)
+
+    def shared(self, key: str, create: Callable[[], T], release: Callable[[T], None]) -> T:
+        """The resource under `key`, created now by `create()` when nobody holds it; counts one user.
+        A `create` that raises leaves nothing behind (it releases what it took itself)."""
+        if self._closed:
+            raise BackendError(f"device scope {self.name!r} is closed; a new incarnation needs a new scope")
+        entry = self._entries.get(key)
+        if entry is None:
+            value = create()
+            self._entries[key] = _Shared(value, release, 1)
+            return value
+        entry.users += 1
+        return entry.value
+
+    def release(self, key: str) -> None:
+        """One user of `key` less; the last releases the resource (its error is raised)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            raise BackendError(f"device scope {self.name!r}: {key!r} released more often than taken")
+        entry.users -= 1
+        if entry.users == 0:
+            del self._entries[key]
+            entry.release(entry.value)
+
+    def close(self) -> None:
+        """Release every resource still held (newest first, whatever its count) and refuse further
+        use. The worker calls it after closing every backend of its incarnation; the first failure
+        is raised, the others logged."""
+        self._closed = True
+        errors: list[Exception] = []
+        for key in reversed(list(self._entries)):
+            entry = self._entries.pop(key)
+            log.warning("device scope %r: %s still held by %d backend(s) at close; releasing it",
+                        self.name, key, entry.users)
+            try:
+                entry.release(entry.value)
+            except Exception as exc:  # noqa: BLE001 - collected and raised below
+                errors.append(exc)
+        raise_collected(errors, f"device scope {self.name!r}")
 
 
 class Backend(ABC):
     #: Catalogue key (`config.catalogue`), e.g. "onnxruntime", "ascend".
     name: str = ""
-    scope: DeviceScope | None = None
 
     def __init__(self, model_path: str, config: Any = None) -> None:
         """Cheap and device-free: the worker constructs the backend anywhere, then calls `open` on
@@ -92,13 +183,15 @@ class Backend(ABC):
         """Release device resources in reverse order of acquisition; safe to call twice."""
 
     def use_scope(self, scope: DeviceScope) -> None:
-        """What the backends one worker thread opens on one device share (see `DeviceScope`);
-        called before `open`. Not called: the backend shares nothing."""
-        self.scope = scope
+        """Share `scope` with the other backends of this incarnation; called by the worker before
+        `open`. The default shares nothing (one ONNX Runtime session per model needs nothing of
+        the others), so it only accepts the scope."""
+        log.debug("%s: nothing to share in %r", self.model_path, scope)
 
     def memory(self) -> dict | None:
-        """What this model's buffers take (`device_bytes`, `host_bytes`); None when unknown.
-        Called from other threads: no device calls."""
+        """What this model's buffers take, from what `open` allocated: {"device_bytes": int,
+        "host_bytes": int} (0 where a side is not used or not known); None before `open` or for a
+        backend that does not say. Called from other threads: makes no device call."""
         return None
 
     def telemetry(self) -> dict | None:

@@ -30,8 +30,18 @@ A backend implements these hooks, and nothing else of the above:
     _imgsz() -> (h, w)                the model's fixed input size
     _settle()                         process-wide bookkeeping after open/close (optional)
 
+Several models on one device (`base.DeviceScope`): `use_scope` before `open` hands the backend
+the scope its incarnation's backends share; a backend never given one opens a private scope of its
+own (today's behaviour: nothing shared). A backend takes what it shares with `_shared(key, create,
+release)`, which also pushes the matching `scope.release(key)` on its undo stack: its own
+resources are released first, and a shared resource after the last backend holding it closed.
+
+Memory for status (`memory()`): computed once at the end of `open` from the tensors' device
+buffers and pinned host sets (what was allocated), kept as one dict that other threads read
+without the lock and without a device call.
+
 Thread-safety: one lock, `_lock` (re-entrant), held by `open`, `run` and `close`; the hooks run
-under it and take no other lock of ours.
+under it and take no other lock of ours. The scope is thread-confined (see `DeviceScope`).
 """
 
 from __future__ import annotations
@@ -40,19 +50,20 @@ import logging
 import threading
 from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 import numpy as np
 
 from ..errors import BackendError
 from ..model.spec import ModelMetadata, ModelSpec, TensorSpec
-from .base import Backend, check_open_request, warn_fixed_imgsz
+from .base import Backend, DeviceScope, check_open_request, warn_fixed_imgsz
 from .undo import UndoStack, raise_collected
 
 log = logging.getLogger(__name__)
 
 #: what a backend keeps for one pinned host buffer: its pointer, or an object that knows it
 HostT = TypeVar("HostT")
+T = TypeVar("T")
 
 
 @dataclass
@@ -78,6 +89,7 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
         super().__init__(str(model_path), config)
         self._lock = threading.RLock()
         self._undo = UndoStack()
+        self._given_scope: DeviceScope | None = None
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -86,6 +98,41 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
         self._input: DeviceTensor[HostT] | None = None
         self._outputs: list[DeviceTensor[HostT]] = []
         self._capacity = 0  # frames per run() call
+        self._scope: DeviceScope | None = None  # the one in use from open to close
+        self._memory: dict | None = None  # memory(): set at the end of open
+
+    # -- sharing with the other models of the incarnation ----------------------------------------
+    def use_scope(self, scope: DeviceScope) -> None:
+        with self._lock:
+            if self._spec is not None:
+                raise BackendError(f"{self.model_path}: use_scope after open; the worker hands the scope "
+                                   f"over before opening")
+            self._given_scope = scope
+
+    def _shared(self, key: str, create: Callable[[], T], release: Callable[[T], None]) -> T:
+        """The resource `key` of this backend's scope (created by the first backend asking), its
+        release pushed on the undo stack: after this backend's own resources, before the next."""
+        scope = self._scope
+        if scope is None:  # _open runs under open(), which set it
+            raise BackendError("no device scope: _shared outside open")
+        value = scope.shared(key, create, release)
+        self._undo.push(f"release shared {key}", lambda: scope.release(key))
+        return value
+
+    def memory(self) -> dict | None:
+        memory = self._memory  # one reference read: any thread, no lock, no device call
+        return dict(memory) if memory is not None else None
+
+    def _tensors(self) -> list[DeviceTensor[HostT]]:
+        """Every tensor with a device buffer (a backend adds its extra inputs)."""
+        return [t for t in (self._input, *self._outputs) if t is not None]
+
+    def _count_memory(self) -> dict:
+        """From what `_allocate_sets` (and the backend) allocated: one device buffer per tensor,
+        one pinned host buffer of `capacity` items per set."""
+        tensors = self._tensors()
+        return {"device_bytes": sum(t.device_bytes for t in tensors if t.device_ptr),
+                "host_bytes": sum(len(t.hosts) * self._capacity * t.item_bytes for t in tensors)}
 
     # -- open ----------------------------------------------------------------------------------
     def open(self, max_batch: int = 1, input_hw: tuple[int, int] | None = None, *,
@@ -94,11 +141,13 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
             if self._spec is not None:
                 return self._spec
             check_open_request(max_batch, input_sets, output_sets)
+            self._scope = self._given_scope or DeviceScope(f"{self.name} {self.model_path} (private)")
             try:
                 spec = self._open(max_batch, input_sets, output_sets)
             except BaseException:
                 self._abandon_open()
                 raise
+            self._memory = self._count_memory()
             self._settle()
             warn_fixed_imgsz(self.model_path, input_hw, spec.metadata.imgsz, self.fixed_when)
             return spec

@@ -92,6 +92,7 @@ class OnnxRuntimeBackend(Backend):
         self._chunk = 1  # frames per native run: the fixed batch, or the whole request if dynamic
         self._dynamic_batch = False
         self._spec: ModelSpec | None = None
+        self._memory: dict | None = None  # memory(): set at the end of open
         self.active_provider = ""
         #: where the provider keeps its compiled engine/program; "" for one that compiles nothing.
         self.cache_folder = ""
@@ -146,7 +147,21 @@ class OnnxRuntimeBackend(Backend):
                  f", inputs staged on {self._input_device}" if self._input_device else "")
         if self.active_provider != CPU_PROVIDER:
             self._warm_up()
+        self._memory = self._count_memory()
         return self._spec
+
+    def _count_memory(self) -> dict:
+        """The buffers this backend allocated: host input and output sets, and the input sets
+        staged on a device. The session's own memory (weights, arena) is ONNX Runtime's and not
+        counted: 0 device bytes means none staged, not an idle GPU."""
+        host = sum(b.nbytes for b in self._inputs) + sum(b.nbytes for outs in self._output_sets for b in outs)
+        staged = len(self._device_inputs) * (self._inputs[0].nbytes if self._inputs else 0)
+        on_device = self._input_device not in (None, "cpu")
+        return {"device_bytes": staged if on_device else 0, "host_bytes": host + (0 if on_device else staged)}
+
+    def memory(self) -> dict | None:
+        memory = self._memory  # one reference read: any thread, no lock
+        return dict(memory) if memory is not None else None
 
     def _compiles(self) -> bool:
         """Whether the session runs on a provider that compiles per input shape (TensorRT, MIGraphX)."""
@@ -345,6 +360,7 @@ class OnnxRuntimeBackend(Backend):
         return [np.concatenate([p[i] for p in parts])[:n] for i in range(len(parts[0]))]
 
     def close(self) -> None:
+        self._memory = None
         self._bindings.clear()
         self._output_sets = []
         self._device_inputs = []

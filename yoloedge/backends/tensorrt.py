@@ -17,6 +17,14 @@ Lifecycle, all on the worker thread that owns the GPU:
            cudaMemcpyAsync out (into the chosen output set) -> cudaStreamSynchronize
     close: exactly the reverse: pinned and device memory, context, engine, runtime, stream
 
+Several models on one GPU: the backends of one device scope (`base.DeviceScope`: one worker
+incarnation) share the device's primary context (what cudaSetDevice binds) and one stream, created
+by the first and destroyed after the last closed; each keeps its own runtime (its logger names its
+model), engine, execution context and buffers. One stream, not one per model: the worker runs one
+model at a time and every run ends with cudaStreamSynchronize, so a stream per model would overlap
+nothing, while one keeps every copy and execution of that GPU in one order. A backend given no
+scope opens a private one: its own stream, as with one model.
+
 Every acquisition pushes its own undo step, so `close` (and a failed `open`) release precisely
 what was acquired, in reverse order, and a failing step does not stop the ones after it. The
 open/run/close skeleton around these calls is `device.PinnedDeviceBackend`'s, shared with the
@@ -89,6 +97,17 @@ class TrtLog(trt.ILogger):
         return said
 
 
+def create_stream(device: int) -> Any:
+    """The worker's own stream on `device` (execute_async_v3 on the default stream costs extra
+    device synchronisations)."""
+    checked(cudart.cudaSetDevice(device), "cudaSetDevice", f"GPU {device}")
+    return checked(cudart.cudaStreamCreate(), "cudaStreamCreate", f"GPU {device}")
+
+
+def destroy_stream(stream: Any) -> None:
+    checked(cudart.cudaStreamDestroy(stream), "cudaStreamDestroy")
+
+
 #: one engine I/O tensor; its pinned host buffers are kept as their pointers
 Tensor = DeviceTensor[int]
 
@@ -154,11 +173,12 @@ class TensorRTBackend(PinnedDeviceBackend[int]):
             raise ModelError(f"cannot read the engine {self.model_path}: {exc.strerror or exc}") from exc
 
     def _open_device(self) -> None:
+        """The device's primary context (cudaSetDevice) and the scope's one stream, shared by every
+        engine of this backend's scope: created by the first, destroyed after the last closed."""
         device = self.config.device_id
         checked(cudart.cudaSetDevice(device), "cudaSetDevice", f"GPU {device}")
-        stream = checked(cudart.cudaStreamCreate(), "cudaStreamCreate", f"GPU {device}")
+        stream = self._shared(f"cuda stream GPU {device}", lambda: create_stream(device), destroy_stream)
         self._stream, self._stream_handle = stream, native_handle(stream)
-        self._undo.push("destroy stream", lambda: checked(cudart.cudaStreamDestroy(stream), "cudaStreamDestroy"))
 
     def _load_engine(self, blob: bytes) -> None:
         """Runtime, engine, context. The undo steps drop our references (TensorRT frees each object

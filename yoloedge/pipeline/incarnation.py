@@ -73,7 +73,7 @@ class Incarnation:
         self.running: BatchBuffer | None = None  # the batch on the device
         self.running_model: LoadedModel | None = None  # ... and the model it is a batch of
         #: what the backends of this opening share on the device (one Ascend context for all its models)
-        self.scope = DeviceScope()
+        self.scope = DeviceScope(f"{self.name} opening {generation}")
         self.stop = threading.Event()
         self.buffers_out = threading.Event()  # its input sets left the batcher: no preparer writes them
         self.keep_open: str | None = None  # why its device memory must not be freed (see `_leak`)
@@ -262,6 +262,10 @@ class Incarnation:
                 model.detector.close()
             except Exception:  # noqa: BLE001 - teardown continues; the failure is logged
                 log.exception("%s: error while releasing model %s", self.name, model.name)
+        try:
+            self.scope.close()  # normally nothing left: the last model released what they shared
+        except Exception:  # noqa: BLE001 - logged; the device is left either way
+            log.exception("%s: error while releasing what its models shared", self.name)
 
     # -- the hot path -------------------------------------------------------------------------
     def _process(self, model: LoadedModel, buffer: BatchBuffer) -> None:

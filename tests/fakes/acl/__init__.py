@@ -39,6 +39,11 @@ Real behaviours modelled (API fact sheet sections 1 and 9):
   gear when the ONNX batch is dynamic) and writes only what the gear produced;
   execute_async queues the run on the stream: results appear at synchronize_stream, which also
   returns the run's error;
+* several models on one card (fake-only strictness, where pyACL would silently run on the wrong
+  memory): a dataset belongs to the first model it ran with (another model's id with it: 100017 /
+  100018), device memory to the first model whose dataset used it (145007 for another's), a data
+  buffer to one dataset (100000 for a second), and one dataset is never both input and output;
+  destroy_context under a loaded model or a live stream is refused as pyACL refuses it;
 * acl.util helpers present or not (reset(util_helpers=...)), ptr_to_numpy is a zero-copy view and
   warns as the current pyACL does; bytes_to_ptr of a bytes object.
 """

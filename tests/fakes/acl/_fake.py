@@ -4,15 +4,19 @@
 Test controls:
 * `reset(devices=2, run_mode=ACL_HOST, util_helpers=ALL_UTIL, soc="Ascend310P3")`: a fresh process
   (pyACL allows one `acl.init` per process, so every in-process test starts with one);
-* `fail(call, code, device=None, times=None)`: the next `times` calls of `call` (e.g.
-  "acl.mdl.execute") on `device` (None: any) return `code` instead of running;
+* `fail(call, code, device=None, times=None)`: the next `times` calls of `call` on `device` (None:
+  any) return `code` instead of running; calls that take faults: "acl.rt.set_device",
+  "acl.rt.malloc", "acl.rt.malloc_host", "acl.mdl.execute", "acl.mdl.execute_async";
 * `hold(call, device=None, times=1)`: the next `times` calls of `call` on `device` block (a hung
   card) until the returned `Hold` is released, then run as usual; they wait outside the fake's
   lock, so the other cards go on. Only calls that name a device or a model take holds
   ("acl.mdl.execute", "acl.mdl.execute_async", "acl.rt.set_device"); `Hold.entered` is set when
   a call is held;
 * `STATE.counts`: calls per function name; `STATE.errors`: every non-zero code returned, with the
-  call; `STATE.executed_gears`: the batch gear of every execution; `leaks()`: what is still held;
+  call; `STATE.refusals`: the same with the fake's reason (what the report calls misuse);
+  `STATE.executed_gears`: the batch gear of every execution (`STATE.executed_models`: the model
+  id of each); `leaks()`: what is still held; `allocated(kind, device)`: bytes asked for in live
+  allocations ("device": acl.rt.malloc, "host": acl.rt.malloc_host), before the fake's rounding;
 * `report()` / `write_report()`: a JSON summary, written to $YOLOEDGE_FAKE_ACL_REPORT at every
   `acl.finalize` and at interpreter exit (a daemon that leaves through os._exit writes it at its
   finalize, which is what the tests check).
@@ -87,6 +91,8 @@ class Region:
     data: np.ndarray | None  # uint8; None for read-only `bytes`
     owner: Any = None  # keeps a borrowed object alive
     on_device: bool = False  # malloc_host memory when the process runs on the card (ACL_DEVICE)
+    requested: int = 0  # the size asked for (malloc rounds it up)
+    model: int | None = None  # the model whose dataset first used this memory (fake-only strictness)
 
     def view(self, ptr: int, count: int) -> np.ndarray:
         offset = ptr - self.ptr
@@ -182,6 +188,9 @@ class State:
         self.data_buffers: dict[int, tuple[int, int]] = {}
         self.counts: Counter = Counter()
         self.errors: list[tuple[str, int]] = []
+        self.refusals: list[tuple[str, int, str]] = []
+        self.dataset_model: dict[int, int] = {}  # dataset -> the model it was first executed with
+        self.executed_models: list[int] = []
         self.faults: list[dict] = []
         self.holds: list[Hold] = []
         self.executed_gears: list[int] = []
@@ -203,9 +212,9 @@ class State:
         self.local.context = ctx
 
     # -- memory ----------------------------------------------------------------------------------
-    def add_region(self, size: int, kind: str, device: int | None) -> Region:
+    def add_region(self, size: int, kind: str, device: int | None, requested: int = 0) -> Region:
         data = np.zeros(size, np.uint8)
-        region = Region(data.ctypes.data, size, kind, device, data)
+        region = Region(data.ctypes.data, size, kind, device, data, requested=requested or size)
         self._insert(region)
         return region
 
@@ -264,6 +273,11 @@ class State:
                 return h
         return None
 
+    def allocated(self, kind: str, device: int | None = None) -> int:
+        """Bytes asked for in live `kind` allocations ("device" or "host"), on `device` (None: any)."""
+        return sum(r.requested for r in self.regions.values()
+                   if r.kind == kind and (device is None or r.device == device or r.kind == "host"))
+
     # -- reporting -------------------------------------------------------------------------------
     def leaks(self) -> dict:
         own = [r for r in self.regions.values() if r.kind != "pageable"]
@@ -317,6 +331,10 @@ def report() -> dict:
             "initialised": STATE.initialised,
             "calls": dict(STATE.counts),
             "errors": [list(e) for e in STATE.errors[:200]],
+            "refusals": [list(r) for r in STATE.refusals[:200]],
+            "contexts_created": STATE.counts["acl.rt.create_context"],
+            "models_loaded": STATE.counts["acl.mdl.load_from_file"] - sum(
+                1 for name, _code in STATE.errors if name == "acl.mdl.load_from_file"),
             "leaks": STATE.leaks(),
             "executed_gears": dict(Counter(STATE.executed_gears)),
         }
@@ -362,6 +380,7 @@ def api(name: str, shape: str, needs_init: bool = True, default: Any = None,
                     result = fn(state, *args)
                 except Refused as refused:
                     state.errors.append((name, refused.code))
+                    state.refusals.append((name, refused.code, str(refused)))
                     return _refusal(shape, refused.code, default)
             if shape == "ret":
                 return SUCCESS if result is None else result

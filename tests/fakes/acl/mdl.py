@@ -261,6 +261,8 @@ def add_dataset_buffer(state, dataset, buffer):
     need_int(dataset, buffer)
     if dataset not in state.datasets or buffer not in state.data_buffers:
         raise Refused(INVALID_PARAM, "unknown dataset or data buffer")
+    if any(buffer in buffers for buffers in state.datasets.values()):  # fake-only strictness
+        raise Refused(INVALID_PARAM, "the data buffer is already in a dataset (one buffer, one dataset)")
     state.datasets[dataset].append(buffer)
     return dataset
 
@@ -287,6 +289,7 @@ def destroy_dataset(state, dataset):
     need_int(dataset)
     if state.datasets.pop(dataset, None) is None:
         raise Refused(INVALID_PARAM, "unknown or already destroyed dataset")
+    state.dataset_model.pop(dataset, None)
 
 
 # -- execution ----------------------------------------------------------------------------------
@@ -300,6 +303,7 @@ def set_dynamic_batch_size(state, model_id, dataset, index, batch):
     buffers = state.datasets.get(dataset)
     if buffers is None or index != len(spec.inputs) - 1 or index >= len(buffers):
         raise Refused(GE_DYNAMIC_INPUT_ADDR_INVALID, f"index {index} is not the {MBATCH_NAME} input")
+    _own_dataset(state, model, dataset, "input")
     ptr, size = state.data_buffers[buffers[index]]
     if size < 8:
         raise Refused(GE_DYNAMIC_INPUT_LENGTH_INVALID, "the batch input buffer is under 8 bytes")
@@ -316,7 +320,21 @@ def _device_region(state, model: Model, ptr: int, size: int):
         raise Refused(GE_ADDR_INVALID, "a data buffer points outside any allocation") from None
     if not (region.kind == "device" or region.on_device) or region.device != model.device:
         raise Refused(GE_ADDR_INVALID, f"a data buffer is not device memory of device {model.device}")
+    if region.model is None:
+        region.model = model.model_id
+    elif region.model != model.model_id:  # fake-only strictness: pyACL would run on the other's memory
+        raise Refused(GE_ADDR_INVALID, f"model {model.model_id} runs on device memory that model "
+                                       f"{region.model}'s datasets use")
     return region
+
+
+def _own_dataset(state, model: Model, dataset: int, what: str) -> None:
+    """Fake-only strictness: a dataset belongs to the first model it ran with. pyACL checks only the
+    buffer count and sizes, so another model of the same layout would run on the wrong buffers."""
+    owner = state.dataset_model.setdefault(dataset, model.model_id)
+    if owner != model.model_id:
+        code = MODEL_INPUT_NOT_MATCH if what == "input" else MODEL_OUTPUT_NOT_MATCH
+        raise Refused(code, f"the {what} dataset of model {owner} used with model {model.model_id}")
 
 
 def _gear(state, model: Model, buffers: list[int]) -> int:
@@ -335,6 +353,11 @@ def _prepare(state, model: Model, in_ds, out_ds):
     need_int(in_ds, out_ds)
     spec = model.spec
     ins, outs = state.datasets.get(in_ds), state.datasets.get(out_ds)
+    if ins is not None and outs is not None:
+        if in_ds == out_ds:
+            raise Refused(MODEL_OUTPUT_NOT_MATCH, "the same dataset as input and output")
+        _own_dataset(state, model, in_ds, "input")
+        _own_dataset(state, model, out_ds, "output")
     if ins is None or len(ins) != len(spec.inputs):
         raise Refused(MODEL_INPUT_NOT_MATCH, f"the input dataset needs {len(spec.inputs)} buffers")
     if outs is None or len(outs) != len(spec.outputs):
@@ -370,6 +393,7 @@ def _compute(state, model: Model, gear: int, image_bytes: np.ndarray, targets: l
     for tensor, result, target in zip(spec.outputs, results, targets):
         target[...] = np.frombuffer(np.ascontiguousarray(result, dtype=_dtype_of(tensor)).tobytes(), np.uint8)
     state.executed_gears.append(gear)
+    state.executed_models.append(model.model_id)
     state.last_gear[model.model_id] = gear
 
 

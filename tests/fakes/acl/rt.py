@@ -135,11 +135,12 @@ def malloc(state, size, policy):
     if size <= 0:
         raise Refused(RT_PARAM_INVALID, "malloc of 0 bytes")
     device = state.contexts[ctx].device
+    state.fault("acl.rt.malloc", device)
     rounded = (size + 31) // 32 * 32 + 32
     if state.device_used[device] + rounded > DEVICE_MEMORY:
         raise Refused(RT_MEMORY_ALLOCATION, "device memory exhausted")
     state.device_used[device] += rounded
-    return state.add_region(rounded, "device", device).ptr
+    return state.add_region(rounded, "device", device, requested=size).ptr
 
 
 @api("acl.rt.malloc_host", "value", default=0)
@@ -148,6 +149,7 @@ def malloc_host(state, size):
     ctx = state.current_context()
     if size <= 0:
         raise Refused(RT_PARAM_INVALID, "malloc_host of 0 bytes")
+    state.fault("acl.rt.malloc_host", state.contexts[ctx].device)
     if state.run_mode == ACL_DEVICE:  # the process runs on the card: "host" memory is device memory
         device = state.contexts[ctx].device
         state.device_used[device] += size

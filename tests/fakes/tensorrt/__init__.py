@@ -35,6 +35,8 @@ Real behaviours modelled (API fact sheet section 2, GPU facts "TensorRT Python")
   only shows that a backend refuses it: its binding-index calls are not made to run.
 Not modelled: building networks, the ONNX parser, refit, shape tensors, one profile shared by
 two contexts.
+Fake-only strictness for several models on one GPU: `set_tensor_address` refuses (False, an error
+through the logger) device memory that a live execution context of another engine is bound to.
 """
 
 from __future__ import annotations
@@ -371,12 +373,13 @@ class IExecutionContext:
         elif memory == 0 or memory % np.dtype(tensor.dtype).itemsize:
             why = f"address {memory:#x} is NULL or not aligned to {np.dtype(tensor.dtype).itemsize} bytes"
         else:
-            why = self.engine._memory.problem(memory, 1, self.engine._device)
+            why = self.engine._memory.problem(memory, 1, self.engine._device) or _bound_elsewhere(self, memory)
         if why:
             _emit(self.engine.logger, ILogger.ERROR, f"3: [executionContext.cpp::setTensorAddress] Error Code 3: "
                                                      f"API Usage Error ({why})")
             return False
         self._addresses[name] = memory
+        _state().bound[memory] = weakref.ref(self)
         return True
 
     def get_tensor_address(self, name: str) -> int:
@@ -432,6 +435,16 @@ class IExecutionContext:
             if not self.set_tensor_address(tensor.name, int(ptr)):
                 return False
         return self.execute_async_v3(0)
+
+
+def _bound_elsewhere(context: "IExecutionContext", memory: int) -> str | None:
+    """Fake-only strictness: device memory bound by a live execution context of another engine is
+    another model's buffer (TensorRT would let the two models overwrite each other's tensors)."""
+    ref = _state().bound.get(memory)
+    other = ref() if ref is not None else None
+    if other is None or other is context or other.engine is context.engine:
+        return None
+    return f"address {memory:#x} is bound by an execution context of another engine ({other.engine.name})"
 
 
 # -- builder (only what the 8.6/10.x difference needs) ---------------------------------------------------

@@ -86,6 +86,7 @@ class State:
         self.events: list[str] = []
         self.log: list[tuple[str, str]] = []
         self.live: Counter = Counter()
+        self.bound: dict[int, Any] = {}  # device address -> weakref of the execution context bound to it
 
     @property
     def major(self) -> int:

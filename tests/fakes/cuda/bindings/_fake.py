@@ -14,6 +14,7 @@ Test controls:
   does not warn);
 * `fail(call, code, times=1)`: the next `times` calls of `call` (e.g. "cudaMemcpyAsync") return `code`;
 * `STATE.counts`: calls per function; `STATE.errors`: every non-success returned, with the call;
+  `STATE.allocated(kind, device)`: bytes in live "device" or "pinned" allocations;
   `STATE.pageable_async`: async copies that touched pageable (non-pinned) host memory;
   `STATE.default_stream_ops`: work queued on the legacy default stream (0); `leaks()`: what is still held;
 * `report()` / `write_report()`: a JSON summary, written to $YOLOEDGE_FAKE_CUDA_REPORT at interpreter exit.
@@ -183,6 +184,12 @@ class State:
             if f["call"] == call and f["times"] != 0:
                 f["times"] -= 1
                 raise Refused(f["code"], "injected fault")
+
+    def allocated(self, kind: str, device: int | None = None) -> int:
+        """Bytes in live `kind` allocations ("device": cudaMalloc, "pinned": cudaMallocHost), on
+        `device` (None: any; pinned memory belongs to no GPU)."""
+        return sum(r.size for r in self.regions.values()
+                   if r.kind == kind and (device is None or kind == "pinned" or r.device == device))
 
     def leaks(self) -> dict:
         return {
