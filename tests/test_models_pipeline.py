@@ -226,3 +226,59 @@ def test_a_lossless_feed_waits_for_every_model_and_gives_none_a_frame_twice():
     with lock:
         assert [fast.get_nowait().seq, fast.get_nowait().seq] == [0, 1]
     assert feed.dropped == 0
+
+
+@pytest.mark.shared
+def test_a_device_that_fails_on_one_model_reopens_every_model(models, media, references, monkeypatch):
+    """Inferences of one model fail until the device gives up: the device is released and
+    opened again, with both models, and both serve again."""
+    from yoloedge.backends.onnxruntime import OnnxRuntimeBackend
+    from yoloedge.errors import BackendError
+    from yoloedge.pipeline import groups as groups_module
+
+    made: list[str] = []
+    failing = {"left": 0}
+
+    class Flaky(OnnxRuntimeBackend):
+        def run(self, n, input_set=0, output_set=0):
+            if self.model_path.endswith(YOLOX) and failing["left"] > 0:
+                failing["left"] -= 1
+                raise BackendError("injected: the card lost this model")
+            return super().run(n, input_set, output_set)
+
+    def create(name, model_path, config=None):
+        made.append(model_path.rsplit("/", 1)[-1])
+        return Flaky(model_path)
+
+    monkeypatch.setattr(groups_module, "create_backend", create)
+    sink = Collected()
+    acc = AcceleratorConfig(backend="onnxruntime", devices=(0,), batch=1, batch_timeout_ms=5, name="cpu0",
+                            max_consecutive_errors=2, preprocess_threads=1, post_threads=1)
+    group = AcceleratorGroup("cpu0", acc, [ModelConfig(path=str(models / V8), name="coco"),
+                                           ModelConfig(path=str(models / YOLOX), name="nano")],
+                             ProgressTracker(), sink)
+    group.start()
+    group.wait_ready(threading.Event())
+    worker = group.workers[0]
+    try:
+        feed = group.add_camera("gate", 4, True, None)
+        image = cv2.imread(str(media / "bus.jpg"))
+        failing["left"] = 2
+        feed_frames({"gate": feed}, [image] * 2)  # nano's two batches fail: the device gives up
+        wait_for(lambda: worker.stats.restarts == 1 and worker.state is WorkerState.RUNNING, 60,
+                 "the device opened again")
+        # each model's backend made again for the reopening (and one spare for the next), none left out
+        assert made.count(V8) == made.count(YOLOX) >= 2
+        before = sink.count()
+        for seq in range(2, 4):
+            frame = Frame("gate", seq, image, 1.7e9 + seq, float(seq))
+            while not feed(frame, 0.25):
+                pass
+        wait_for(lambda: sink.count() >= before + 4, 60, "both models serve after the restart")
+        for name, model in (("coco", V8), ("nano", YOLOX)):
+            frames = sink.got[("gate", name)]
+            assert {2, 3} <= set(frames), name
+            assert not mismatches(frames[3], reference(references, model, "bus")), name
+        assert worker.stats.errors == 2
+    finally:
+        stop_group(group)

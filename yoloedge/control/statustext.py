@@ -65,7 +65,7 @@ def _health(value: Any) -> str:
 def _accelerator_lines(accelerators: list[dict]) -> list[str]:
     headers = ("NAME", "BACKEND", "DEVICE", "MODEL", "BATCH", "STATE", "HEALTH", "INF/S", "UTIL %",
                "P50 MS", "P99 MS", "QUEUE", "ERRORS", "RESTARTS", "DESCRIPTION")
-    rows = [(cell(a.get("name")), cell(a.get("backend")), cell(a.get("device")), cell(a.get("model")),
+    rows = [(cell(a.get("name")), cell(a.get("backend")), cell(a.get("device")), _models(a),
              cell(a.get("batch")), cell(a.get("state")), _health(a.get("healthy")),
              cell(a.get("inferences_per_s"), "{:.1f}"),
              cell(a.get("utilisation") if a.get("utilisation") is None else 100 * a["utilisation"], "{:.0f}"),
@@ -73,6 +73,17 @@ def _accelerator_lines(accelerators: list[dict]) -> list[str]:
              cell(a.get("errors")), cell(a.get("restarts")), cell(a.get("description")))
             for a in accelerators]
     return format_table(headers, rows, right=(4, 7, 8, 9, 10, 11, 12, 13))
+
+
+def _models(accelerator: dict) -> str:
+    """The models a device serves, by name (one that could not be loaded: `name(failed)`); the
+    model file for a report without them."""
+    models = accelerator.get("models")
+    if not models:
+        return cell(accelerator.get("model"))
+    if len(models) == 1 and models[0].get("state") == "running":
+        return cell(models[0].get("path"))
+    return ",".join(m["name"] if m.get("state") == "running" else f"{m['name']}({m.get('state')})" for m in models)
 
 
 def _camera_lines(cameras: list[dict]) -> list[str]:
