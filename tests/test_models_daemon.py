@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_harness import status
+from daemon_harness import ctl, status, write_config
 from parity import mismatches
 from test_daemon import base_config, notify, start_daemon, topic  # noqa: F401  (fixtures)
 
@@ -51,7 +51,7 @@ def test_two_models_two_cameras_routed_differently(tmp_path, models, media, refe
         {"name": "yard", "url": str(folder), "realtime": False, "models": ["nano"]},
         {"name": "gate", "url": str(folder), "realtime": False},  # every model of its accelerator
     ])
-    daemon, _ = start_daemon(config)
+    daemon, path = start_daemon(config)
     notify.wait_for("READY", "1", timeout=90)
     expected = {"door": {"coco"}, "yard": {"nano"}, "gate": {"coco", "nano"}}
 
@@ -80,6 +80,18 @@ def test_two_models_two_cameras_routed_differently(tmp_path, models, media, refe
     rows = {m["name"]: m for m in worker["models"]}
     assert rows["coco"]["state"] == rows["nano"]["state"] == "running"
     assert rows["coco"]["batches"] > 0 and rows["nano"]["batches"] > 0
+    assert "coco,nano" in ctl(config["control"]["socket"], "status").stdout
+
+    # models change only on restart: a reload whose camera names a model only the new file has is
+    # refused with the camera's name, and everything goes on as it was
+    config["models"].append({"name": "extra", "path": str(models / V8)})
+    config["cameras"][0]["models"] = ["extra"]
+    write_config(path, config)
+    result = ctl(config["control"]["socket"], "reload")
+    assert result.returncode != 0
+    st = status(config["control"]["socket"])
+    assert "camera door names a model" in st["daemon"]["config_error"] and st["daemon"]["generation"] == 1
+    assert [c["name"] for c in st["cameras"]] == ["door", "yard", "gate"]
     assert daemon.stop(timeout=30) == 0, daemon.log
 
 

@@ -20,6 +20,7 @@ import pytest
 from parity import mismatches
 from yoloedge.config.model import ModelConfig
 from yoloedge.config.schema import AcceleratorConfig
+from yoloedge.daemon.status import WorkerStatus
 from yoloedge.health.progress import ProgressTracker
 from yoloedge.pipeline.batcher import Batcher, BatchSignal
 from yoloedge.pipeline.feed import CameraFeed
@@ -30,6 +31,7 @@ from yoloedge.pipeline.scheduler import Scheduler
 from yoloedge.pipeline.worker import WorkerState
 from yoloedge.preprocess import Resizer
 from yoloedge.sources.frame import Frame
+from yoloedge.web.metrics import model_metrics
 
 V8, YOLOX = "yolov8n_coco_int8.onnx", "yolox_nano_coco_416.onnx"
 IMAGES = ("bus", "zidane")
@@ -116,6 +118,15 @@ def test_two_models_of_different_sizes_each_give_their_upstream_boxes_to_the_cam
         worker = group.workers[0].status()
         assert [m["name"] for m in worker["models"]] == ["coco", "nano"]
         assert all(m["state"] == "running" and m["batches"] > 0 for m in worker["models"])
+        # the 640 model's input sets are (640/416)^2 the 416 one's: memory is per model
+        memory = {m["name"]: m["memory"]["host_bytes"] for m in worker["models"]}
+        assert memory["coco"] > memory["nano"] > 0
+        families = {f.name: f for f in model_metrics([WorkerStatus("cpu0", 0, "running", True, worker)])}
+        batches = {s.labels["model"]: s.value for s in families["yoloedge_model_batches"].samples}
+        assert batches == {m["name"]: m["batches"] for m in worker["models"]}
+        host = {s.labels["model"]: s.value for s in families["yoloedge_model_memory_bytes"].samples
+                if s.labels["kind"] == "host"}
+        assert host == memory
         # each model's frames were letterboxed to its own size, by its own resizer
         assert feeds["gate"].intakes["coco"].resizer is not feeds["gate"].intakes["nano"].resizer
         assert feeds["gate"].dropped == 0

@@ -104,6 +104,18 @@ class Reloader:
             raise ConfigError([ConfigIssue(self._daemon.config_path, 0, 0, "cameras", None,
                                            f"camera(s) {', '.join(unknown)} name an accelerator that is not "
                                            f"running; accelerators change only on restart", None)])
+        kept = dataclasses.replace(new, model=self._daemon.config.model,
+                                   **{key: getattr(self._daemon.config, key) for key in RESTART_KEYS})
+        issues = []
+        for camera in new.cameras:
+            try:
+                kept.camera_models(camera)
+            except KeyError:
+                issues.append(ConfigIssue(self._daemon.config_path, 0, 0, f"cameras ({camera.name}).models", None,
+                                          f"camera {camera.name} names a model its running accelerator does not "
+                                          f"load; models change only on restart", None))
+        if issues:
+            raise ConfigError(issues)
 
     def apply(self, new: Config) -> None:
         """The HTTP endpoint first (a new address that cannot be bound rejects the reload before

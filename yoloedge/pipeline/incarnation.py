@@ -293,7 +293,7 @@ class Incarnation:
             self.give_up(model, buffer, None)
             batcher.release(buffer)
             model.release_output_set(output_set)
-            self._inference_failed(exc, n)
+            self._inference_failed(model, exc, n)
             return
         with worker.lock:
             finished = worker.clock()
@@ -316,26 +316,32 @@ class Incarnation:
             post.skip(output_set.ticket)
             raise
         model.batches += 1
-        self._count_success(n, finished - started)
+        self._count_success(model, n, finished - started)
 
-    def _count_success(self, n: int, seconds: float) -> None:
+    def _count_success(self, model: LoadedModel, n: int, seconds: float) -> None:
         stats = self.worker.stats
+        model.consecutive_errors = 0
         if stats.consecutive_errors:
-            self.worker.health.healthy()
-            stats.consecutive_errors = 0
-            self.error_backoff.reset()
+            # "in a row" is per model: another model's successes do not hide one that always fails
+            stats.consecutive_errors = max(m.consecutive_errors for m in self.models)
+            if not stats.consecutive_errors:
+                self.worker.health.healthy()
+                self.error_backoff.reset()
         stats.inferred(n, seconds)
 
-    def _inference_failed(self, exc: Exception, frames: int) -> None:
+    def _inference_failed(self, model: LoadedModel, exc: Exception, frames: int) -> None:
         worker, stats = self.worker, self.worker.stats
-        stats.consecutive_errors += 1
-        given_up = stats.consecutive_errors >= worker.accelerator.max_consecutive_errors
+        model.consecutive_errors += 1
+        stats.consecutive_errors = max(m.consecutive_errors for m in self.models)
+        given_up = model.consecutive_errors >= worker.accelerator.max_consecutive_errors
         if given_up:
-            self.failure = f"{stats.consecutive_errors} inferences failed in a row: {exc}"
+            what = "inferences" if len(self.models) == 1 else f"inferences of model {model.name}"
+            self.failure = f"{model.consecutive_errors} {what} failed in a row: {exc}"
             worker.health.unhealthy(self.failure)
         stats.errors += 1  # after the health: whoever sees the count sees the health that goes with it
-        log.error("%s: inference failed (%d in a row), %d frame(s) lost: %s", self.name,
-                  stats.consecutive_errors, frames, exc, extra={"device": self.name})
+        log.error("%s: inference%s failed (%d in a row), %d frame(s) lost: %s", self.name,
+                  "" if len(self.models) == 1 else f" of model {model.name}", model.consecutive_errors, frames,
+                  exc, extra={"device": self.name})
         if given_up:
             self.stop.set()  # leave the loop: the device is released and opened again
             return

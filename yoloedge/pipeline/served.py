@@ -49,6 +49,7 @@ class LoadedModel:
     output_sets: int = 0
     free_outputs: queue.SimpleQueue[OutputSet] = field(default_factory=queue.SimpleQueue)
     batches: int = 0  # run on this opening
+    consecutive_errors: int = 0  # its inferences that failed in a row (the device gives up on any model's)
 
     @property
     def name(self) -> str:

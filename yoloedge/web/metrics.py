@@ -138,6 +138,26 @@ def device_metrics(entries: list[WorkerStatus], workers: list[tuple[str, DeviceW
         add_histogram(batch, labels, worker.stats.batch_buckets)
     yield inference
     yield batch
+    yield from model_metrics(entries)
+
+
+def model_metrics(entries: list[WorkerStatus]) -> Iterator[Metric]:
+    """Per device and model: the batches it ran, the memory its buffers take (status' `models`)."""
+    labels = (*DEVICE_LABELS, "model")
+    batches = CounterMetricFamily("yoloedge_model_batches_total", "Batches of the model the device ran "
+                                  "(this opening of the device).", labels=labels)
+    memory = GaugeMetricFamily("yoloedge_model_memory_bytes", "What the model's buffers take on the device "
+                               "and in (pinned) host memory.", labels=(*labels, "kind"))
+    for entry in entries:
+        for model in entry.report.get("models") or ():
+            key = (entry.accelerator, str(entry.device), model["name"])
+            batches.add_metric(key, model.get("batches") or 0)
+            for kind in ("device", "host"):
+                size = (model.get("memory") or {}).get(f"{kind}_bytes")
+                if size is not None:
+                    memory.add_metric((*key, kind), size)
+    yield batches
+    yield memory
 
 
 def mqtt_metrics(mqtt: dict) -> Iterator[Metric]:
