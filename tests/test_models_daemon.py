@@ -121,3 +121,57 @@ def test_a_model_that_cannot_be_loaded_does_not_take_the_other_down(tmp_path, mo
     (worker,) = st["accelerators"]
     assert {m["name"]: m["state"] for m in worker["models"]} == {"coco": "running", "nano": "failed"}
     assert daemon.stop(timeout=30) == 0, daemon.log
+
+
+def fake_om(directory: Path, onnx: Path, batch) -> Path:
+    """A `.om` for the strict fake pyACL (tests/fakes/acl): which ONNX it runs, its batch gears."""
+    om = directory / f"{onnx.stem}.om"
+    om.write_bytes(b"fake om: see the .fake.json next to it")
+    Path(f"{om}.fake.json").write_text(json.dumps({"onnx": str(onnx), "batch": batch, "aipp": False}))
+    return om
+
+
+def test_two_models_on_two_fake_ascend_cards_share_each_cards_context(tmp_path, models, media, references,
+                                                                       mosquitto, subscriber, notify, start_daemon):
+    """On Ascend every model of a device runs in that device's one context (the strict fake counts
+    contexts, refuses another model's dataset, and runs each .om's ONNX for real)."""
+    folder = photo_folder(tmp_path, media, "photos")
+    report = tmp_path / "acl-report.json"
+    config = two_model_config(tmp_path, models, media, mosquitto, [
+        {"name": "door", "url": str(folder), "realtime": False, "models": ["coco"]},
+        {"name": "gate", "url": str(folder), "realtime": False},
+    ])
+    config["models"] = [{"name": "coco", "path": str(fake_om(tmp_path, models / V8, [1, 2]))},
+                        {"name": "nano", "path": str(fake_om(tmp_path, models / YOLOX, 1))}]
+    config["accelerators"] = [{"backend": "ascend", "devices": [0, 1], "batch": 2}]
+    daemon, _ = start_daemon(config, env={"YOLOEDGE_FAKE_ACL_REPORT": str(report)})
+    notify.wait_for("READY", "1", timeout=90)
+    expected = {"door": {"coco"}, "gate": {"coco", "nano"}}
+
+    def published(camera: str) -> list[dict]:
+        return subscriber.payloads(topic("cameras", camera, "detections"))
+
+    assert subscriber.wait_for(lambda ms: all(len(published(c)) >= len(PHOTOS) * len(m)
+                                              for c, m in expected.items()), 120), daemon.log
+    for camera, wanted in expected.items():
+        messages = published(camera)
+        assert len(messages) == len(PHOTOS) * len(wanted) and {m["model"] for m in messages} == wanted
+        for message in messages:
+            model = V8 if message["model"] == "coco" else YOLOX
+            problems = mismatches(message["detections"], reference(references, model, PHOTOS[message["frame"]]))
+            assert not problems, f"{camera} {message['model']} frame {message['frame']}: {problems}"
+    workers = status(config["control"]["socket"])["accelerators"]
+    for worker in workers:
+        rows = {m["name"]: m for m in worker["models"]}
+        assert rows["coco"]["state"] == rows["nano"]["state"] == "running"
+        assert rows["coco"]["memory"]["device_bytes"] > rows["nano"]["memory"]["device_bytes"] > 0
+    assert daemon.stop(timeout=30) == 0, daemon.log
+    summary = json.loads(report.read_text())
+    assert summary["contexts_created"] == 2, summary["calls"]  # one per card, not one per model
+    assert summary["models_loaded"] == 4  # both models on both cards
+    assert summary["init_count"] == summary["finalize_count"] == 1
+    # the one refusal allowed: the backend asking a static-batch model for its dynamic-batch input
+    probe = "acl.mdl.get_input_index_by_name"
+    assert not [r for r in summary["refusals"] if r[0] != probe], summary["refusals"]
+    assert not [e for e in summary["errors"] if e[0] != probe], summary["errors"]
+    assert not any(summary["leaks"].values()), summary["leaks"]
