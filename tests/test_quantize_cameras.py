@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import threading
 from pathlib import Path
 
 import cv2
@@ -112,18 +113,37 @@ def test_file_and_folder_cameras_are_spread_and_a_dead_camera_is_skipped(config_
     assert len(sample.calibration) == 6 and len(sample.held_out) == 4
 
 
-def test_a_live_camera_gives_frames_an_interval_apart(config_path):
-    (spare,) = cameras_of(config_path, "spare")
-    interval = 0.1
-    sample = sample_cameras([spare], calibrate=3, evaluate=2, interval_s=interval, warn=pytest.fail)
+def moments_of(frames, name: str) -> list[float]:
+    return sorted(float(re.fullmatch(rf"{name}@([0-9.]+)s", f.name).group(1)) for f in frames)
+
+
+def test_a_live_camera_gives_frames_an_interval_apart(mjpeg_server):
+    web = CameraConfig(name="web", url=mjpeg_server.url, open_timeout_s=5, read_timeout_s=2, jpeg_decoder="cpu")
+    interval = 0.2
+    sample = sample_cameras([web], calibrate=3, evaluate=2, interval_s=interval, warn=pytest.fail)
     (camera,) = sample.cameras
     frames = camera.calibration + camera.held_out
     assert (len(camera.calibration), len(camera.held_out)) == (3, 2)
-    moments = sorted(float(re.fullmatch(r"spare@([0-9.]+)s", f.name).group(1)) for f in frames)
+    moments = moments_of(frames, "web")
     assert len(set(moments)) == 5  # five moments, none taken twice
     for k, moment in enumerate(moments):  # kept only once the interval has passed: a lower bound
         assert moment >= k * interval - 0.05
-    assert frames[0].image.shape == (48, 64, 3)
+    assert frames[0].image.shape == (480, 640, 3)
+    # other moments of a moving scene: not one frame five times
+    assert len({f.image.tobytes() for f in frames}) == 5
+
+
+def test_a_live_camera_that_goes_silent_stops_and_the_others_go_on(mjpeg_server, config_path):
+    web = CameraConfig(name="web", url=mjpeg_server.url, open_timeout_s=5, read_timeout_s=0.5, jpeg_decoder="cpu")
+    (hall,) = cameras_of(config_path, "hall")
+    warnings: list[str] = []
+    threading.Timer(0.4, mjpeg_server.freeze).start()
+    sample = sample_cameras([web, hall], calibrate=12, evaluate=8, interval_s=0.3, warn=warnings.append)
+    by_name = {c.name: c for c in sample.cameras}
+    web_frames = len(by_name["web"].calibration) + len(by_name["web"].held_out)
+    assert web_frames < 10  # its share was ten, three seconds' worth: it stopped when the stream froze
+    assert len(warnings) == 1 and "camera web" in warnings[0]
+    assert len(by_name["hall"].calibration) == 6 and len(by_name["hall"].held_out) == 4
 
 
 def test_an_open_or_a_read_past_its_timeout_abandons_the_camera():

@@ -12,6 +12,10 @@ gives depends on what it is:
   left unread fills its buffer, and the next read would hand over a stale frame;
 * a file or pipeline whose length is unknown: consecutive frames.
 
+A network stream that goes silent makes FFmpeg wait out the read timeout and then hand over
+frames it held back, looking fresh (`sources.delivery`); a grab that took most of the read
+timeout therefore ends that camera's reading, keeping the frames taken before it.
+
 The calibration frames and the held-out frames of the report are taken in one pass and never
 overlap: a camera's frames (moments, for a live camera) are split as `frames.split` splits a
 video, the held-out ones between the calibration ones.
@@ -42,6 +46,7 @@ from ..config.schema import CameraConfig
 from ..errors import YoloedgeError
 from ..redact import redact_text
 from ..sources.base import Source, SourceKind, local_path, source_kind
+from ..sources.delivery import LATE_READ_FRACTION
 from ..sources.opening import camera_description, open_camera
 from .frames import Frame, MediaError, source_length, split
 
@@ -194,6 +199,7 @@ class _CameraRun:
         self._told = False
         self._problem: str | None = None
         self._short: str | None = None  # it gave frames, but fewer than asked
+        self._stopped: str | None = None  # why the camera's thread stopped reading a live camera early
         self._crash: Exception | None = None
         self._frames = CameraFrames(self.name)
         self._thread = threading.Thread(target=self._main, name=f"quantize-{self.name}", daemon=True)
@@ -336,12 +342,18 @@ class _CameraRun:
     def _take_timed(self, source: Source, count: int, interval_s: float) -> list[tuple[int, Frame]]:
         """`count` frames `interval_s` apart: every frame is grabbed, the first after each interval kept."""
         taken: list[tuple[int, Frame]] = []
+        late_after = self._late_after(source)
         start = self._clock()
         next_at = start
         while len(taken) < count:
+            began = self._clock()
             if not self._grab(source):
                 break
             now = self._clock()
+            if late_after is not None and now - began >= late_after:
+                self._stopped = (f"went silent (a read waited {now - began:.1f} s of its read_timeout_s "
+                                 f"{self.camera.read_timeout_s:g} s and gave a held-back frame)")
+                break
             if now < next_at:
                 continue
             image = source.retrieve()
@@ -350,6 +362,13 @@ class _CameraRun:
             taken.append((len(taken), Frame(f"{self.name}@{now - start:.1f}s", image)))
             next_at = now + interval_s
         return taken
+
+    def _late_after(self, source: Source) -> float | None:
+        """How long a grab of an FFmpeg stream may take before its frame is one the decoder held
+        back while the camera was silent (`sources.delivery`): the camera is read no further."""
+        if source.kind not in (SourceKind.RTSP, SourceKind.HTTP):
+            return None
+        return LATE_READ_FRACTION * self.camera.read_timeout_s
 
     def _grab(self, source: Source) -> bool:
         """One grab, timed for the watcher; False at the end, on a failure or once abandoned."""
@@ -365,10 +384,10 @@ class _CameraRun:
                 return
             for index, frame in taken:
                 (self._frames.calibration if index in calibration else self._frames.held_out).append(frame)
-        why = source.error or ("it ended" if source.eof else "a frame could not be retrieved")
+        why = self._stopped or source.error or ("it ended" if source.eof else "a frame could not be retrieved")
         if not taken:
             self._fail(f"gave no frame: {why}")
-        elif len(taken) < wanted and source.error:
+        elif len(taken) < wanted and (self._stopped or source.error):
             with self._lock:
                 self._short = f"gave {len(taken)} of {wanted} frames: {why}"
         log.debug("camera %s gave %d frames", self.name, len(taken))
