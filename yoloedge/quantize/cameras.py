@@ -404,4 +404,4 @@ class _CameraRun:
     def _fail(self, problem: str) -> None:
         with self._lock:
             if self._problem is None:
-                self._problem = problem
+                self._problem = redact_text(problem)  # it goes into the report too
