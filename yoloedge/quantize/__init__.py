@@ -7,6 +7,7 @@ float model's on frames it was not calibrated on, the speed of both measured in 
 calibration inputs other toolchains take (TensorRT's calibration table, AMCT's .bin tensors).
 
     frames     -- the frames of a folder of images or a video, split into calibration and held-out
+    cameras    -- the same from the configured cameras, read with the daemon's sources (--cameras)
     agreement  -- precision, recall and mAP@0.5 of one set of boxes against another (VOC all-points)
     calibrate  -- the calibration reader, the quantizer call, the TensorRT table, the AMCT input
     workflow   -- the whole run: quantize, compare, time; its `Report`

@@ -49,13 +49,14 @@ def source_length(path: str) -> int:
         cap.release()
 
 
-def spread(total: int, count: int) -> list[int]:
-    """`count` indices in range(total), spread evenly (all of them when count >= total)."""
+def spread(total: int, count: int, offset: float = 0.0) -> list[int]:
+    """`count` indices in range(total), spread evenly (all of them when count >= total); each
+    `offset` of a step later (0.5: in the middle of the steps)."""
     if count >= total:
         return list(range(total))
     if count <= 0:
         return []
-    return sorted({int(i * total / count) for i in range(count)})
+    return sorted({int((i + offset) * total / count) for i in range(count)})
 
 
 def read_frames(path: str, indices: list[int]) -> list[Frame]:
@@ -89,11 +90,13 @@ class Split:
 
 
 def split(total: int, calibrate: int, evaluate: int) -> Split:
-    """`calibrate` frames spread over `total`, and up to `evaluate` of the rest, spread too."""
+    """`calibrate` frames spread over `total`, and up to `evaluate` of the rest, spread too but
+    half a step later: between the calibration frames, not next to them (the frame after a
+    calibration frame shows nearly the same scene)."""
     calib = spread(total, calibrate)
     taken = set(calib)
     rest = [i for i in range(total) if i not in taken]
-    return Split(calib, [rest[i] for i in spread(len(rest), evaluate)])
+    return Split(calib, [rest[i] for i in spread(len(rest), evaluate, offset=0.5)])
 
 
 def require_frames(path: str, frames: list[Frame], what: str) -> list[Frame]:

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import ModelConfig, OnnxRuntimeConfig
+from ..config import CameraConfig, ModelConfig, OnnxRuntimeConfig
 from .agreement import Agreement, Boxes, agreement
 from .calibrate import (QuantizeError, TensorReader, amct_input, letterboxed, quantize, require_onnx,
                         tensor_ranges, tensorrt_table)
-from .frames import Frame, read_frames, require_frames, source_length, split, spread
+from .cameras import CameraSample, Warn, sample_cameras
+from .frames import Frame, MediaError, read_frames, require_frames, source_length, split, spread
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,8 @@ AP_CONF = 0.001
 class Options:
     model: str
     output: str
-    calibrate: str
+    #: a folder or video to calibrate on; None: the `cameras` instead
+    calibrate: str | None
     evaluate: str | None = None
     frames: int = 32  # calibration frames
     eval_frames: int = 20
@@ -47,6 +49,11 @@ class Options:
     timing_runs: int = 20
     tensorrt_table: str | None = None
     amct: str | None = None
+    #: the configured cameras to calibrate on (when `calibrate` is None), and their config file
+    cameras: tuple[CameraConfig, ...] = ()
+    cameras_config: str | None = None
+    #: a live camera's frames are this far apart (files and folders: spread over their length)
+    interval_s: float = 1.0
 
 
 @dataclass
@@ -77,6 +84,10 @@ class Report:
     tensorrt_tensors: int | None = None
     amct_dir: str | None = None
     amct_command: str | None = None
+    #: with --cameras: the frames each camera gave, {name: {"calibration_frames": n, "eval_frames": m}},
+    #: and the cameras skipped, {name: why}
+    cameras: dict[str, dict[str, int]] | None = None
+    skipped_cameras: dict[str, str] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,22 +106,62 @@ def _open(path: str, options: Options, conf: float | None = None):
     return detector
 
 
-def _frames(options: Options) -> tuple[list[Frame], list[Frame], str, str]:
+HELD_OUT = "held-out frames of the calibration source"
+SEPARATE = "a separate source"
+
+
+@dataclass(frozen=True)
+class Frames:
+    calibration: list[Frame]
+    held_out: list[Frame]
+    calibration_source: str
+    eval_source: str
+    eval_kind: str
+    cameras: CameraSample | None = None
+
+
+def _frames(options: Options, warn: Warn) -> Frames:
+    if options.calibrate is None:
+        return _camera_frames(options, warn)
+    calib, held, eval_source, eval_kind = _path_frames(options, options.calibrate)
+    return Frames(calib, held, options.calibrate, eval_source, eval_kind)
+
+
+def _camera_frames(options: Options, warn: Warn) -> Frames:
+    """The cameras' frames: calibration, and the held-out ones too unless --eval names a source."""
+    evaluate = options.evaluate
+    sample = sample_cameras(options.cameras, options.frames, 0 if evaluate is not None else options.eval_frames,
+                            options.interval_s, warn)
+    if not sample.calibration:
+        why = "; ".join(f"{name}: {problem}" for name, problem in sample.skipped().items())
+        raise MediaError(f"no camera gave a frame to calibrate on ({why or 'none was read'})")
+    source = (f"camera{'s' if len(sample.used()) > 1 else ''} "
+              f"{', '.join(c.name for c in sample.used())} (config {options.cameras_config})")
+    if evaluate is not None:
+        held = read_frames(evaluate, spread(source_length(evaluate), options.eval_frames))
+        return Frames(sample.calibration, require_frames(evaluate, held, "evaluate"), source, evaluate,
+                      SEPARATE, sample)
+    if not sample.held_out:
+        raise QuantizeError(f"{source}: no frame is left for the report after {len(sample.calibration)} "
+                            f"calibration frames: pass --eval PATH, fewer --frames, or more cameras")
+    return Frames(sample.calibration, sample.held_out, source, source, HELD_OUT, sample)
+
+
+def _path_frames(options: Options, calibrate: str) -> tuple[list[Frame], list[Frame], str, str]:
     """(calibration frames, held-out frames, the held-out source, what kind it is)."""
-    total = source_length(options.calibrate)
-    same = options.evaluate is not None and Path(options.evaluate).resolve() == Path(options.calibrate).resolve()
-    if options.evaluate is None or same:  # never report on the frames calibration saw
-        parts = split(total, options.frames, options.eval_frames)
-        calib = require_frames(options.calibrate, read_frames(options.calibrate, parts.calibration), "calibrate")
-        held = read_frames(options.calibrate, parts.held_out)
+    total = source_length(calibrate)
+    evaluate = options.evaluate
+    if evaluate is None or Path(evaluate).resolve() == Path(calibrate).resolve():
+        parts = split(total, options.frames, options.eval_frames)  # never report on the frames calibration saw
+        calib = require_frames(calibrate, read_frames(calibrate, parts.calibration), "calibrate")
+        held = read_frames(calibrate, parts.held_out)
         if not held:
-            raise QuantizeError(f"{options.calibrate}: no frame is left for the report after {len(calib)} "
+            raise QuantizeError(f"{calibrate}: no frame is left for the report after {len(calib)} "
                                 f"calibration frames: pass --eval PATH or fewer --frames")
-        return calib, held, options.calibrate, "held-out frames of the calibration source"
-    calib = require_frames(options.calibrate,
-                           read_frames(options.calibrate, spread(total, options.frames)), "calibrate")
-    held = read_frames(options.evaluate, spread(source_length(options.evaluate), options.eval_frames))
-    return calib, require_frames(options.evaluate, held, "evaluate"), options.evaluate, "a separate source"
+        return calib, held, calibrate, HELD_OUT
+    calib = require_frames(calibrate, read_frames(calibrate, spread(total, options.frames)), "calibrate")
+    held = read_frames(evaluate, spread(source_length(evaluate), options.eval_frames))
+    return calib, require_frames(evaluate, held, "evaluate"), evaluate, SEPARATE
 
 
 def _boxes(detector, frames: list[Frame]) -> list[Boxes]:
@@ -135,7 +186,12 @@ def _time_both(float_det, int8_det, tensors: list[np.ndarray], runs: int) -> tup
     return runs / spent[0], runs / spent[1]
 
 
-def run(options: Options) -> Report:
+def _log_warning(message: str) -> None:
+    log.warning("%s", message)
+
+
+def run(options: Options, warn: Warn = _log_warning) -> Report:
+    """The whole run; `warn` is told of each camera skipped (with --cameras) as it happens."""
     require_onnx()
     if not Path(options.model).is_file():
         raise QuantizeError(f"{options.model}: no such model file")
@@ -145,10 +201,11 @@ def run(options: Options) -> Report:
         raise QuantizeError(f"cannot create the folder of {options.output}: {exc}") from exc
     float_det = _open(options.model, options)
     try:
-        calib, held, eval_source, eval_kind = _frames(options)
+        frames = _frames(options, warn)
+        calib, held = frames.calibration, frames.held_out
         tensors = letterboxed(float_det, calib)
         reader = TensorReader(float_det.spec.input.name, tensors)
-        log.info("calibrating on %d frames of %s", len(tensors), options.calibrate)
+        log.info("calibrating on %d frames of %s", len(tensors), frames.calibration_source)
         quantize(options.model, options.output, reader, options.method, options.per_channel)
         report_extra = _side_outputs(options, reader, tensors)
         int8_det = _open(options.output, options, conf=min(options.conf, AP_CONF))
@@ -163,13 +220,23 @@ def run(options: Options) -> Report:
     finally:
         float_det.close()
     return Report(
-        model=options.model, output=options.output, calibration_source=options.calibrate,
-        calibration_frames=len(calib), eval_source=eval_source, eval_frames=len(held), eval_kind=eval_kind,
+        model=options.model, output=options.output, calibration_source=frames.calibration_source,
+        calibration_frames=len(calib), eval_source=frames.eval_source, eval_frames=len(held),
+        eval_kind=frames.eval_kind,
         precision=result.precision, recall=result.recall, map50=result.map50,
         float_boxes=result.truths, int8_boxes=result.predictions, matched_boxes=result.true_positives,
         float_fps=fps_float, int8_fps=fps_int8, speedup=fps_int8 / fps_float,
         timing_runs=max(options.timing_runs, 1), method=options.method, ap_per_class=per_class,
-        **report_extra)
+        **_camera_counts(frames.cameras), **report_extra)
+
+
+def _camera_counts(sample: CameraSample | None) -> dict:
+    """The report's `cameras` and `skipped_cameras`, with --cameras."""
+    if sample is None:
+        return {}
+    return {"cameras": {c.name: {"calibration_frames": len(c.calibration), "eval_frames": len(c.held_out)}
+                        for c in sample.used()},
+            "skipped_cameras": sample.skipped()}
 
 
 def _side_outputs(options: Options, reader: TensorReader, tensors: list[np.ndarray]) -> dict:
