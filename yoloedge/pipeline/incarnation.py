@@ -174,23 +174,9 @@ class Incarnation:
         if self.generation > 1:
             spare.reserve()  # this opening may fail and release the runtime
         backend.use_scope(self.scope)
-        sets = acc.input_buffers + 1  # one more being post-processed while the device writes
-        try:
-            detector = Detector(served.model, backend, max_batch=acc.batch, input_sets=acc.input_buffers,
-                                output_sets=sets)
-        except BaseException:
-            backend.close()  # what a failed open took is released by the backend itself
-            raise
-        loaded = LoadedModel(index, served, detector, self.outputs_back)
+        loaded = LoadedModel.open(index, served, backend, acc, self.outputs_back)
         self.models.append(loaded)  # closed by `_leave` from now on, whatever happens next
-        detector.warm_up()
-        model = served.describe(detector)
-        for number in range(sets):
-            loaded.free_outputs.put(OutputSet(self.name, number, detector.max_batch, model,
-                                              loaded.release_output_set))
-        loaded.output_sets = sets
-        log.info("%s ready: model %s, %s, batch %d, %d input and %d output buffers", self.name, served.name,
-                 backend.description, detector.max_batch, acc.input_buffers, sets, extra={"device": self.name})
+        loaded.warm_up(self.name)
 
     def _leave(self) -> None:
         """Give back the buffers, wait for post-processing to return the output sets, release the

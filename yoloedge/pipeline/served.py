@@ -9,6 +9,7 @@ output sets and the batches it ran.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -16,11 +17,14 @@ from typing import Callable
 
 from ..backends.base import Backend
 from ..config.model import ModelConfig
+from ..config.schema import AcceleratorConfig
 from .batcher import Batcher
 from .detector import Detector
 from .modelinfo import ModelInfo
 from .post import PostStage
 from .slots import OutputSet
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,7 +50,8 @@ class LoadedModel:
     served: ServedModel
     detector: Detector
     outputs_back: threading.Condition
-    output_sets: int = 0
+    allocated_sets: int = 1  # output sets the backend allocated
+    output_sets: int = 0  # ... of them in circulation (after the warm-up): what must come back
     free_outputs: queue.SimpleQueue[OutputSet] = field(default_factory=queue.SimpleQueue)
     batches: int = 0  # run on this opening
     consecutive_errors: int = 0  # its inferences that failed in a row (the device gives up on any model's)
@@ -54,6 +59,32 @@ class LoadedModel:
     @property
     def name(self) -> str:
         return self.served.name
+
+    @classmethod
+    def open(cls, index: int, served: ServedModel, backend: Backend, accelerator: AcceleratorConfig,
+             outputs_back: threading.Condition) -> LoadedModel:
+        """Open `served` on `backend` (on the device's thread), with the accelerator's input sets;
+        a backend that fails to open is closed (it releases what it took)."""
+        sets = accelerator.input_buffers + 1  # one more being post-processed while the device writes
+        try:
+            detector = Detector(served.model, backend, max_batch=accelerator.batch,
+                                input_sets=accelerator.input_buffers, output_sets=sets)
+        except BaseException:
+            backend.close()
+            raise
+        return cls(index, served, detector, outputs_back, allocated_sets=sets)
+
+    def warm_up(self, device: str) -> None:
+        """One blank batch; then its output sets go into circulation."""
+        detector = self.detector
+        detector.warm_up()
+        model = self.served.describe(detector)
+        for number in range(self.allocated_sets):
+            self.free_outputs.put(OutputSet(device, number, detector.max_batch, model, self.release_output_set))
+        self.output_sets = self.allocated_sets
+        log.info("%s ready: model %s, %s, batch %d, %d input and %d output buffers", device, self.name,
+                 detector.backend.description, detector.max_batch, self.allocated_sets - 1, self.allocated_sets,
+                 extra={"device": device})
 
     def release_output_set(self, output_set: OutputSet) -> None:
         with self.outputs_back:

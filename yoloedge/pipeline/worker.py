@@ -66,6 +66,7 @@ from .incarnation import Incarnation
 from .served import LoadedModel, ServedModel
 from .slots import BatchBuffer
 from .spare import SpareBackend
+from .workerreport import worker_report
 from .workerstats import WorkerStats
 
 log = logging.getLogger(__name__)
@@ -413,49 +414,10 @@ class DeviceWorker:
         self._wake.set()
 
     # -- status -------------------------------------------------------------------------------
-    def status(self) -> dict:
-        inc = self._current
-        detector = inc.detector if inc is not None and not inc.done.is_set() else None
-        loaded = inc.models if inc is not None and not inc.done.is_set() else []
-        retry = self.next_retry_mono
-        stats = self.stats
-        return {
-            "name": self.worker_name,
-            "backend": self.accelerator.backend,
-            "device": self.device,
-            "model": self.served[0].model.path,
-            "models": self._models_status(loaded),
-            "batch": detector.max_batch if detector else self.accelerator.batch,
-            "state": self.state.value,
-            **stats.meters(),
-            "queue_depth": sum(m.batcher.pending() for m in self.served),
-            "in_flight": self.in_flight,  # a batch is on the device now
-            "errors": stats.errors,
-            "frames_lost": stats.frames_lost,
-            "rebalanced": sum(m.batcher.rebalanced_to(self.worker_name) for m in self.served),
-            "restarts": stats.restarts,
-            "last_error": self.last_error,
-            "next_retry_in_s": None if retry is None else round(max(0.0, retry - self.clock()), 1),
-            "hung_calls": self.hung_calls,
-            "leaked_openings": stats.leaked_openings,
-            "description": detector.backend.description if detector else "",
-            "error": self.startup_error,
-            "telemetry": detector.backend.telemetry() if detector else None,
-        }
+    @property
+    def incarnation(self) -> Incarnation | None:
+        """The current opening of the device (None between openings); read without the lock."""
+        return self._current
 
-    def _models_status(self, loaded: Sequence[LoadedModel]) -> list[dict]:
-        """Per model: loaded or why not, the batches this opening ran of it, its memory."""
-        by_name = {m.name: m for m in loaded}
-        rows = []
-        for served in self.served:
-            model = by_name.get(served.name)
-            error = self.failed_models.get(served.name)
-            rows.append({
-                "name": served.name,
-                "path": served.model.path,
-                "state": "running" if model is not None else ("failed" if error else "not loaded"),
-                "error": error,
-                "batches": model.batches if model is not None else 0,
-                "memory": model.detector.backend.memory() if model is not None else None,
-            })
-        return rows
+    def status(self) -> dict:
+        return worker_report(self)
