@@ -13,7 +13,6 @@ import os
 import signal
 import stat
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -34,6 +33,7 @@ pytest.importorskip("onnx")
 
 from acl import _fake  # noqa: E402
 from onnx_models import expected_scores, make_dynamic_batch_v8_model, make_fixed_batch_v8_model  # noqa: E402
+from device_helpers import in_thread, make_om  # noqa: E402
 from parity import mismatches, without_track_ids  # noqa: E402
 from yoloedge.backends import acl_runtime, backend_config_for, create_backend  # noqa: E402
 from yoloedge.backends import npu_smi as npu_smi_module  # noqa: E402
@@ -64,18 +64,6 @@ def fake_process(monkeypatch):
     yield state
 
 
-def make_om(directory: Path, onnx_path: Path, name: str | None = None, batch=1, aipp: bool = False,
-            outputs: list[str] | None = None) -> Path:
-    """A fake `.om` and its pairing: what ONNX it runs, its batch (int) or gears (list), AIPP."""
-    om = Path(directory) / (name or f"{Path(onnx_path).stem}.om")
-    om.write_bytes(b"fake om: see the .fake.json next to it")
-    pairing = {"onnx": str(onnx_path), "batch": batch, "aipp": aipp}
-    if outputs:
-        pairing["outputs"] = outputs
-    Path(f"{om}.fake.json").write_text(json.dumps(pairing))
-    return om
-
-
 def opened(om: Path, max_batch: int = 1, **config) -> AscendBackend:
     backend = AscendBackend(str(om), AscendConfig(**config))
     backend.open(max_batch)
@@ -85,24 +73,6 @@ def opened(om: Path, max_batch: int = 1, **config) -> AscendBackend:
 def class_scores(out: np.ndarray) -> np.ndarray:
     """Synthetic model: class 0 score on anchor 0, class 1 on the first stride-16 anchor."""
     return np.stack([out[:, 4, 0], out[:, 5, (SIZE // 8) ** 2]], axis=1)
-
-
-def in_thread(fn, *args):
-    """Run `fn` on a new thread (as a device worker would) and return its result or raise its error."""
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test thread
-            box["error"] = exc
-
-    t = threading.Thread(target=target)
-    t.start()
-    t.join(60)
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ if not hasattr(acl, "_fake") or not hasattr(tensorrt, "_fake"):
 
 from acl import _fake as acl_fake  # noqa: E402
 from cuda.bindings import _fake as cuda_fake  # noqa: E402
+from device_helpers import in_thread, make_om  # noqa: E402
 from parity import mismatches  # noqa: E402
 from tensorrt import _fake as trt_fake  # noqa: E402
 from yoloedge.backends import acl_runtime  # noqa: E402
@@ -56,30 +57,6 @@ PROBES = {"acl.mdl.get_input_index_by_name"}
 
 
 # -- helpers ------------------------------------------------------------------------------------------
-def on_worker(fn, *args):
-    """Run `fn` on a new thread (as a device worker does) and return its result or raise its error."""
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test thread
-            box["error"] = exc
-
-    t = threading.Thread(target=target)
-    t.start()
-    t.join(120)
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
-
-
-def make_om(directory: Path, onnx_path: Path, batch=1) -> Path:
-    """A fake `.om` and its pairing: what ONNX it runs and its batch (an int, or a list of gears)."""
-    om = Path(directory) / f"{onnx_path.stem}.om"
-    om.write_bytes(b"fake om: see the .fake.json next to it")
-    Path(f"{om}.fake.json").write_text(json.dumps({"onnx": str(onnx_path), "batch": batch}))
-    return om
 
 
 def load_images(media: Path) -> list[np.ndarray]:
@@ -202,7 +179,7 @@ def test_two_models_share_one_context_with_their_own_buffers(acl_process, models
             sizes.append((acl_fake.STATE.allocated("device") - before[0], acl_fake.STATE.allocated("host") - before[1]))
         return opened, sizes
 
-    (v8, yolox), sizes = on_worker(open_both)
+    (v8, yolox), sizes = in_thread(open_both)
     state = acl_fake.STATE
     assert state.counts["acl.rt.create_context"] == 1 and state.counts["acl.rt.set_device"] == 1
     assert state.counts["acl.rt.create_stream"] == 1 and state.counts["acl.init"] == 1
@@ -220,7 +197,7 @@ def test_two_models_share_one_context_with_their_own_buffers(acl_process, models
     def run_interleaved():
         return [detections(d, images) for d in (v8, yolox, v8, yolox)]
 
-    first_v8, first_yolox, again_v8, again_yolox = on_worker(run_interleaved)
+    first_v8, first_yolox, again_v8, again_yolox = in_thread(run_interleaved)
     assert first_v8 == again_v8 == expected[V8]
     assert first_yolox == again_yolox == expected[YOLOX]
     assert sum(state.counts[c] for c in ("acl.rt.malloc", "acl.rt.malloc_host", "acl.mdl.create_dataset")) == allocating
@@ -228,11 +205,11 @@ def test_two_models_share_one_context_with_their_own_buffers(acl_process, models
 
     # the 640 model goes first: its own resources only; the context serves the other one on
     v8_id, yolox_id = v8.backend._model_id, yolox.backend._model_id
-    on_worker(v8.backend.close)
+    in_thread(v8.backend.close)
     assert list(state.models) == [yolox_id] and state.leaks()["contexts"] == 1 and state.leaks()["streams"] == 1
     assert scope.users("ascend device 0") == 1 and v8.backend.memory() is None
-    assert on_worker(detections, yolox, images) == expected[YOLOX]
-    on_worker(yolox.backend.close)
+    assert in_thread(detections, yolox, images) == expected[YOLOX]
+    in_thread(yolox.backend.close)
     names = [entry[0] for entry in order]
     assert names == ["unload", "unload", "destroy_stream", "destroy_context", "reset_device", "finalize"]
     assert [entry[1] for entry in order[:2]] == [v8_id, yolox_id]
@@ -256,24 +233,24 @@ def test_a_second_model_that_fails_to_load_leaves_the_first_running(acl_process,
         backend.use_scope(scope)
         return backend
 
-    first = on_worker(lambda: Detector(config_for(om, YOLOX), scoped(om)))
+    first = in_thread(lambda: Detector(config_for(om, YOLOX), scoped(om)))
     held = acl_fake.leaks()
     memory = (acl_fake.STATE.allocated("device"), acl_fake.STATE.allocated("host"))
     for path, error, match in ((broken, AclError, "acl.mdl.load_from_file failed with 100012"),
                                (tmp_path / "missing.om", ModelError, "not found")):
         with pytest.raises(error, match=match):
-            on_worker(scoped(path).open, 1)
+            in_thread(scoped(path).open, 1)
         assert acl_fake.leaks() == held, "the failed open left something behind or took the first's"
         assert (acl_fake.STATE.allocated("device"), acl_fake.STATE.allocated("host")) == memory
         assert scope.users("ascend device 0") == 1
     # out of device memory half-way through the second model's buffers: it releases only its own
     acl_fake.fail("acl.rt.malloc", 207001, times=1)
     with pytest.raises(AclError, match="207001"):
-        on_worker(scoped(om).open, 1)
+        in_thread(scoped(om).open, 1)
     assert acl_fake.leaks() == held and scope.users("ascend device 0") == 1
-    assert on_worker(detections, first, images) == expected[YOLOX]
+    assert in_thread(detections, first, images) == expected[YOLOX]
     assert acl_fake.STATE.counts["acl.rt.create_context"] == 1
-    on_worker(first.backend.close)
+    in_thread(first.backend.close)
     assert not any(acl_fake.leaks().values()) and acl_fake.STATE.finalize_count == 1
     expected_refusals = {("acl.mdl.load_from_file", 100012), ("acl.rt.malloc", 207001)}
     assert {(name, code) for name, code, _why in ascend_misuse()} == expected_refusals
@@ -290,13 +267,13 @@ def test_without_a_scope_each_backend_has_its_own_context_as_before(acl_process,
             backend.open(2)
         return backends
 
-    backends = on_worker(open_two)
+    backends = in_thread(open_two)
     state = acl_fake.STATE
     assert state.counts["acl.rt.create_context"] == 2 and state.counts["acl.rt.create_stream"] == 2
     assert ascend_context_of(backends[0]) != ascend_context_of(backends[1])
     for backend in backends:
-        on_worker(backend.run, 2)
-        on_worker(backend.close)
+        in_thread(backend.run, 2)
+        in_thread(backend.close)
     assert not any(state.leaks().values()) and state.finalize_count == 1 and ascend_misuse() == []
 
 
@@ -312,15 +289,15 @@ def test_a_new_incarnation_gets_its_own_context_and_leaves_the_old_one_alone(acl
         backend.open(2)
         return backend
 
-    old = on_worker(scoped, old_scope)  # a "hung" incarnation: nobody closes it yet
-    new = [on_worker(scoped, new_scope) for _ in range(2)]
+    old = in_thread(scoped, old_scope)  # a "hung" incarnation: nobody closes it yet
+    new = [in_thread(scoped, new_scope) for _ in range(2)]
     assert acl_fake.STATE.counts["acl.rt.create_context"] == 2
     assert ascend_context_of(old) != ascend_context_of(new[0]) == ascend_context_of(new[1])
     for backend in new:
-        on_worker(backend.close)
+        in_thread(backend.close)
     assert acl_fake.leaks()["contexts"] == 1 and list(acl_fake.STATE.models) == [old._model_id]
-    on_worker(old.run, 1)
-    on_worker(old.close)
+    in_thread(old.run, 1)
+    in_thread(old.close)
     new_scope.close()
     old_scope.close()
     assert not any(acl_fake.leaks().values()) and acl_fake.STATE.finalize_count == 1 and ascend_misuse() == []
@@ -341,23 +318,23 @@ def test_a_recovered_card_runs_in_a_new_context_while_the_old_incarnation_hangs(
             backend.open(2)
         return backends
 
-    old = on_worker(incarnation, DeviceScope("incarnation 1"))
+    old = in_thread(incarnation, DeviceScope("incarnation 1"))
     hang = acl_fake.hold("acl.mdl.execute", device=0, times=1)
     stuck = threading.Thread(target=old[0].run, args=(1,))
     stuck.start()
     assert hang.entered.wait(30)
-    new = on_worker(incarnation, DeviceScope("incarnation 2"))
+    new = in_thread(incarnation, DeviceScope("incarnation 2"))
     assert acl_fake.STATE.counts["acl.rt.create_context"] == 2
     assert {ascend_context_of(b) for b in old} != {ascend_context_of(b) for b in new}
     assert len({ascend_context_of(b) for b in new}) == 1
     for backend in new:
-        outputs = on_worker(backend.run, 1)
+        outputs = in_thread(backend.run, 1)
         assert outputs[0].shape[0] == 1
     hang.release()
     stuck.join(30)
     assert not stuck.is_alive()
     for backend in (*new, *old):
-        on_worker(backend.close)
+        in_thread(backend.close)
     assert not any(acl_fake.leaks().values()) and acl_fake.STATE.finalize_count == 1 and ascend_misuse() == []
 
 
@@ -385,7 +362,7 @@ def test_the_fake_refuses_what_a_second_model_on_the_card_can_get_wrong(acl_proc
             backend.open(1)
         return backends
 
-    a, b = on_worker(open_two)
+    a, b = in_thread(open_two)
 
     def misuse():
         a.run(1)  # a's datasets and memory are a's from their first run
@@ -399,14 +376,14 @@ def test_the_fake_refuses_what_a_second_model_on_the_card_can_get_wrong(acl_proc
         }
         return codes
 
-    codes = on_worker(misuse)
+    codes = in_thread(misuse)
     assert codes == {"dataset of another model": 100017, "context under loaded models": 107003,
                      "double free": 107000}
     # the freed buffer is a's own; b is untouched and still runs
-    on_worker(b.run, 1)
+    in_thread(b.run, 1)
     with pytest.raises(AclError):  # a's close meets the buffer the test freed: the rest still goes
-        on_worker(a.close)
-    on_worker(b.close)
+        in_thread(a.close)
+    in_thread(b.close)
     assert not any(acl_fake.leaks().values()) and acl_fake.STATE.finalize_count == 1
 
 
@@ -443,7 +420,7 @@ def test_two_engines_on_one_gpu_share_the_stream_with_their_own_contexts(cuda_pr
                           cuda_fake.STATE.allocated("pinned") - before[1]))
         return opened, sizes
 
-    (v8, yolox), sizes = on_worker(open_both)
+    (v8, yolox), sizes = in_thread(open_both)
     counts, trt_counts = cuda_fake.STATE.counts, trt_fake.STATE.counts
     assert counts["cudaStreamCreate"] == 1 and cuda_fake.leaks()["streams"] == 1
     assert trt_counts["Runtime.deserialize_cuda_engine"] == 2
@@ -459,12 +436,12 @@ def test_two_engines_on_one_gpu_share_the_stream_with_their_own_contexts(cuda_pr
     def run_interleaved():
         return [detections(d, images) for d in (yolox, v8, yolox, v8)]
 
-    first_yolox, first_v8, again_yolox, again_v8 = on_worker(run_interleaved)
+    first_yolox, first_v8, again_yolox, again_v8 = in_thread(run_interleaved)
     assert first_v8 == again_v8 == expected[V8] and first_yolox == again_yolox == expected[YOLOX]
-    on_worker(yolox.backend.close)  # the other order this time: the stream stays for the 640 model
+    in_thread(yolox.backend.close)  # the other order this time: the stream stays for the 640 model
     assert cuda_fake.leaks()["streams"] == 1 and trt_fake.live() == {"runtime": 1, "engine": 1, "context": 1}
-    assert on_worker(detections, v8, images) == expected[V8]
-    on_worker(v8.backend.close)
+    assert in_thread(detections, v8, images) == expected[V8]
+    in_thread(v8.backend.close)
     assert trt_nothing_held() == {} and counts["cudaStreamDestroy"] == 1 and scope.keys() == ()
     assert cuda_fake.STATE.errors == [] and trt_fake.report()["errors"] == []
 
@@ -483,18 +460,18 @@ def test_a_second_engine_that_fails_to_load_leaves_the_first_running(cuda_proces
         backend.use_scope(scope)
         return backend
 
-    first = on_worker(lambda: Detector(config_for(Path(path), YOLOX), scoped(path)))
+    first = in_thread(lambda: Detector(config_for(Path(path), YOLOX), scoped(path)))
     held = trt_nothing_held()
     for engine_path, match in ((broken, "cannot deserialise"), (tmp_path / "missing.engine", "not found")):
         with pytest.raises(ModelError, match=match):
-            on_worker(scoped(engine_path).open, 1)
+            in_thread(scoped(engine_path).open, 1)
         assert trt_nothing_held() == held and scope.users("cuda stream GPU 0") == 1
     cuda_fake.fail("cudaMallocHost", 2)  # out of pinned memory half-way through the second's buffers
     with pytest.raises(BackendError, match="cudaMallocHost"):
-        on_worker(scoped(path).open, 1)
+        in_thread(scoped(path).open, 1)
     assert trt_nothing_held() == held
-    assert on_worker(detections, first, images) == expected[YOLOX]
-    on_worker(first.backend.close)
+    assert in_thread(detections, first, images) == expected[YOLOX]
+    in_thread(first.backend.close)
     assert trt_nothing_held() == {} and cuda_fake.STATE.errors == [("cudaMallocHost", 2)]
 
 
@@ -512,14 +489,14 @@ def test_the_fake_refuses_an_address_bound_by_another_engine(cuda_process, tmp_p
             backend.open(1)
         return backends
 
-    a, b = on_worker(open_two)
+    a, b = in_thread(open_two)
     name = a._input.name
     assert b._context.set_tensor_address(name, a._input.device_ptr) is False
     assert "bound by an execution context of another engine" in trt_fake.report()["errors"][-1]
     assert b._context.set_tensor_address(name, b._input.device_ptr) is True  # its own: fine
     for backend in (a, b):
-        on_worker(backend.run, 1)
-        on_worker(backend.close)
+        in_thread(backend.run, 1)
+        in_thread(backend.close)
     assert trt_nothing_held() == {}
 
 
@@ -530,11 +507,11 @@ def test_without_a_scope_each_engine_has_its_own_stream_as_before(cuda_process, 
                                  batch=1)
     backends = [TensorRTBackend(str(path), TensorRTConfig()) for _ in range(2)]
     for backend in backends:
-        on_worker(backend.open, 1)
+        in_thread(backend.open, 1)
     assert cuda_fake.STATE.counts["cudaStreamCreate"] == 2
     assert backends[0]._stream_handle != backends[1]._stream_handle
     for backend in backends:
-        on_worker(backend.close)
+        in_thread(backend.close)
     assert trt_nothing_held() == {}
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from daemon_harness import ctl, status, write_config
+from device_helpers import make_om
 from parity import mismatches
 from test_daemon import base_config, notify, start_daemon, topic  # noqa: F401  (fixtures)
 
@@ -123,14 +124,6 @@ def test_a_model_that_cannot_be_loaded_does_not_take_the_other_down(tmp_path, mo
     assert daemon.stop(timeout=30) == 0, daemon.log
 
 
-def fake_om(directory: Path, onnx: Path, batch) -> Path:
-    """A `.om` for the strict fake pyACL (tests/fakes/acl): which ONNX it runs, its batch gears."""
-    om = directory / f"{onnx.stem}.om"
-    om.write_bytes(b"fake om: see the .fake.json next to it")
-    Path(f"{om}.fake.json").write_text(json.dumps({"onnx": str(onnx), "batch": batch, "aipp": False}))
-    return om
-
-
 def test_two_models_on_two_fake_ascend_cards_share_each_cards_context(tmp_path, models, media, references,
                                                                        mosquitto, subscriber, notify, start_daemon):
     """On Ascend every model of a device runs in that device's one context (the strict fake counts
@@ -141,8 +134,8 @@ def test_two_models_on_two_fake_ascend_cards_share_each_cards_context(tmp_path, 
         {"name": "door", "url": str(folder), "realtime": False, "models": ["coco"]},
         {"name": "gate", "url": str(folder), "realtime": False},
     ])
-    config["models"] = [{"name": "coco", "path": str(fake_om(tmp_path, models / V8, [1, 2]))},
-                        {"name": "nano", "path": str(fake_om(tmp_path, models / YOLOX, 1))}]
+    config["models"] = [{"name": "coco", "path": str(make_om(tmp_path, models / V8, batch=[1, 2]))},
+                        {"name": "nano", "path": str(make_om(tmp_path, models / YOLOX))}]
     config["accelerators"] = [{"backend": "ascend", "devices": [0, 1], "batch": 2}]
     daemon, _ = start_daemon(config, env={"YOLOEDGE_FAKE_ACL_REPORT": str(report)})
     notify.wait_for("READY", "1", timeout=90)

@@ -20,11 +20,18 @@ from yoloedge.pipeline.post import PostStage
 from yoloedge.pipeline.prepare import Preparer
 from yoloedge.pipeline.queues import FrameQueue, QueueClosed
 from yoloedge.pipeline.worker import DeviceWorker, WorkerState
+from yoloedge.pipeline.scheduler import Scheduler
 from yoloedge.pipeline.served import ServedModel
 from yoloedge.preprocess import Resizer, compute_geometry
 from yoloedge.sources.frame import Frame
 
 RED, BLUE = (0, 0, 255), (255, 0, 0)
+
+
+def next_batch(batcher, owner, stop):
+    """What a device worker serving one model takes next (its scheduler over this one batcher)."""
+    job = Scheduler([batcher], owner).next_batch(stop)
+    return None if job is None else job[1]
 
 
 def frame(camera: str, seq: int, color=RED, size=(64, 64)) -> Frame:
@@ -177,7 +184,7 @@ def test_batcher_fills_a_batch_fairly_across_cameras():
     cams = [c for c, *_ in taken]
     assert cams.count("b") == 1, cams  # b is not starved by a's backlog
     assert [s for c, s, *_ in taken if c == "a"] == [0, 1, 2]  # per-camera order kept
-    batch = b.next_batch("dev", threading.Event())
+    batch = next_batch(b, "dev", threading.Event())
     assert batch is not None and batch.claimed == 4
     assert [(m.camera, m.seq) for m in batch.metas] == [(c, s) for c, s, *_ in taken]
 
@@ -190,7 +197,7 @@ def test_a_full_batch_is_sealed_and_runs_without_waiting_for_the_timeout():
     for i in range(4):
         q.put(frame("a", i))
     take_and_fill(b, 4)
-    batch = b.next_batch("dev", threading.Event())
+    batch = next_batch(b, "dev", threading.Event())
     assert batch is not None and batch.claimed == 4 and batch.ticket == 0
 
 
@@ -202,7 +209,7 @@ def test_a_partial_batch_waits_for_the_timeout_on_the_injected_clock():
     q.put(frame("a", 0))
     take_and_fill(b, 1)
     got = []
-    t = threading.Thread(target=lambda: got.append(b.next_batch("dev", threading.Event())), daemon=True)
+    t = threading.Thread(target=lambda: got.append(next_batch(b, "dev", threading.Event())), daemon=True)
     t.start()
     t.join(0.5)  # real time passes, the batch clock does not: it must still be waiting
     assert t.is_alive() and not got
@@ -223,7 +230,7 @@ def test_a_sealed_batch_runs_only_once_every_claimed_slot_is_written():
     f, buf, slot, t = second
     b.filled(buf, slot, f, compute_geometry(64, 64, 8, 8), t)
     got = []
-    waiter = threading.Thread(target=lambda: got.append(b.next_batch("dev", stop)), daemon=True)
+    waiter = threading.Thread(target=lambda: got.append(next_batch(b, "dev", stop)), daemon=True)
     waiter.start()
     waiter.join(0.3)
     assert waiter.is_alive(), "ran a batch whose slot 0 was not written yet"
@@ -240,7 +247,7 @@ def test_double_buffering_fills_the_next_batch_while_one_runs():
     for i in range(6):
         q.put(frame("a", i))
     take_and_fill(b, 2)
-    running = b.next_batch("dev", threading.Event())  # batch 1 is on the device now ...
+    running = next_batch(b, "dev", threading.Event())  # batch 1 is on the device now ...
     taken = take_and_fill(b, 2)  # ... and batch 2 fills the other input set meanwhile
     assert {idx for _, _, idx, _ in taken} == {1 - running.index}
     assert b.take(threading.Event(), idle_wait_s=0.05) is None, "a third batch without a free buffer"
@@ -255,7 +262,7 @@ def test_tickets_follow_the_order_batches_were_sealed_in():
     for i in range(3):
         q.put(frame("a", i))
     take_and_fill(b, 3)
-    tickets = [b.next_batch("dev", threading.Event()).ticket for _ in range(3)]
+    tickets = [next_batch(b, "dev", threading.Event()).ticket for _ in range(3)]
     assert tickets == [0, 1, 2]
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import threading
 import warnings
 from pathlib import Path
 
@@ -33,6 +32,7 @@ if not hasattr(tensorrt, "_fake"):
 
 from cuda.bindings import _fake as cuda_fake  # noqa: E402
 from onnx_models import expected_scores, make_dynamic_batch_v8_model, make_fixed_batch_v8_model  # noqa: E402
+from device_helpers import in_thread  # noqa: E402
 from parity import mismatches, without_track_ids  # noqa: E402
 from tensorrt import _fake as trt_fake  # noqa: E402
 from yoloedge.backends import backend_config_for, create_backend  # noqa: E402
@@ -95,24 +95,6 @@ def nothing_held() -> dict:
     held = {k: v for k, v in cuda_fake.leaks().items() if v}
     held.update(trt_fake.live())
     return held
-
-
-def in_thread(fn, *args):
-    """Run `fn` on a new thread (as a device worker would) and return its result or raise its error."""
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test thread
-            box["error"] = exc
-
-    t = threading.Thread(target=target)
-    t.start()
-    t.join(60)
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 def load_image(media: Path, name: str) -> np.ndarray:

@@ -286,7 +286,7 @@ class Config:
         KeyError: its group is unknown, or it names a model its group does not load."""
         if camera.accelerator is None and not self.accelerators:
             return ()
-        group = camera.accelerator or self._group_name(0)
+        group = camera.accelerator or self.group_names()[0]
         loaded = self.group_models(group)
         if camera.models is None:
             return loaded
@@ -296,12 +296,13 @@ class Config:
                            f"{', '.join(missing)}")
         return tuple(model for model in loaded if model.name in camera.models)
 
-    def _group_name(self, index: int) -> str:
-        accelerator = self.accelerators[index]
-        return accelerator.name or default_name(accelerator.backend, index)
+    def group_names(self) -> list[str]:
+        """Each accelerator's name; the loader names every one, a Config built in code may leave
+        it empty (then it is its `default_name`)."""
+        return [a.name or default_name(a.backend, i) for i, a in enumerate(self.accelerators)]
 
     def _group(self, name: str) -> AcceleratorConfig:
-        for index, accelerator in enumerate(self.accelerators):
-            if self._group_name(index) == name:
+        for group, accelerator in zip(self.group_names(), self.accelerators):
+            if group == name:
                 return accelerator
         raise KeyError(f"no accelerator named {name!r}")

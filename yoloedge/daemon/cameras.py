@@ -93,7 +93,7 @@ class CameraSet:
         group = self.group_for(camera)
         feed = reader = None
         wanted = [m.name for m in self._settings().camera_models(camera)]
-        warn_unknown_classes(camera, group, wanted)
+        warn_unknown_classes(camera, model_labels(group, wanted))
         failed = None if group.serving else f"accelerator {group.name} did not start"
         if failed is None and not group.serving_models(wanted):
             failed = f"its model(s) {', '.join(wanted)} could not be loaded on accelerator {group.name}"
@@ -227,13 +227,10 @@ def model_labels(group: AcceleratorGroup, models: Sequence[str]) -> dict[str, li
     return labels
 
 
-def warn_unknown_classes(camera: CameraConfig, group: AcceleratorGroup, models: Sequence[str]) -> None:
+def warn_unknown_classes(camera: CameraConfig, models: Mapping[str, Sequence[str]]) -> None:
     """The config check cannot know the labels of a model without metadata in the config; a typo
-    would silently hide everything."""
-    labels: list[str] = []
-    for model in models:
-        detector = group.detector_of(model)
-        labels += [label for label in (detector.labels if detector is not None else ()) if label not in labels]
+    would silently hide everything. `models`: the labels of each model the camera gets."""
+    labels = list(dict.fromkeys(label for names in models.values() for label in names))
     if camera.classes is None or not labels:
         return
     for name in camera.classes:

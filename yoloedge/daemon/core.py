@@ -31,7 +31,6 @@ from typing import Callable, Mapping
 
 from .. import __version__
 from ..backends.ort_install import config_clash
-from ..config.accelerators import default_name
 from ..config.errors import ConfigError
 from ..config.loader import load_config
 from ..config.schema import Config
@@ -83,11 +82,6 @@ def counts_directory(environ: Mapping[str, str]) -> Path | None:
                     "memory only", state)
         return None
     return Path(state) / COUNTS_SUBDIR
-
-
-def accelerator_names(config: Config) -> list[str]:
-    """The loader names every accelerator; a `Config` built in code may leave the name empty."""
-    return [a.name or default_name(a.backend, i) for i, a in enumerate(config.accelerators)]
 
 
 class Daemon:
@@ -235,9 +229,9 @@ class Daemon:
     def _start_accelerators(self, cfg: Config) -> bool:
         # Built whole, then published: `status()` answers from the control thread meanwhile, and
         # iterating a dict while this thread inserts into it raises.
-        self.groups = {name: AcceleratorGroup(name, acc, cfg.group_models(acc.name) if acc.name else cfg.models,
+        self.groups = {name: AcceleratorGroup(name, acc, cfg.group_models(name),
                                               self.tracker, self.results, self.results.floor)
-                       for name, acc in zip(accelerator_names(cfg), cfg.accelerators)}
+                       for name, acc in zip(cfg.group_names(), cfg.accelerators)}
         for group in self.groups.values():
             group.start()
         for group in self.groups.values():

@@ -36,6 +36,11 @@ RELOAD_WAIT_S = 30.0
 RESTART_KEYS = ("device_id", "models", "accelerators", "control")
 
 
+def kept_on_reload(new: Config, old: Config) -> Config:
+    """`new` with what only a restart changes taken from `old` (the first model goes with the models)."""
+    return dataclasses.replace(new, model=old.model, **{key: getattr(old, key) for key in RESTART_KEYS})
+
+
 class Reloader:
     def __init__(self, daemon: Daemon):
         self._daemon = daemon
@@ -104,8 +109,7 @@ class Reloader:
             raise ConfigError([ConfigIssue(self._daemon.config_path, 0, 0, "cameras", None,
                                            f"camera(s) {', '.join(unknown)} name an accelerator that is not "
                                            f"running; accelerators change only on restart", None)])
-        kept = dataclasses.replace(new, model=self._daemon.config.model,
-                                   **{key: getattr(self._daemon.config, key) for key in RESTART_KEYS})
+        kept = kept_on_reload(new, self._daemon.config)
         issues = []
         for camera in new.cameras:
             try:
@@ -140,8 +144,7 @@ class Reloader:
         if new.mqtt != old.mqtt:
             self._replace_publisher(new.mqtt, old.mqtt)
         try:
-            daemon.config = dataclasses.replace(new, model=old.model,
-                                                **{key: getattr(old, key) for key in RESTART_KEYS})
+            daemon.config = kept_on_reload(new, old)
             daemon.cameras.apply(old.cameras, new.cameras)
         except Exception:
             daemon.config = old

@@ -6,7 +6,8 @@ Three kinds of threads meet here, under one lock:
   camera's bounded queue (`queues.FrameQueue`);
 * preparers (`prepare.Preparer`) `take()` a picture together with a free slot of the *open*
   input buffer, finish its letterbox there without the lock, and report it `filled()`;
-* device workers `next_batch()` a sealed buffer and run it, then `release()` it for refilling.
+* device workers take a sealed buffer (`poll`, through their `scheduler.Scheduler`) and run it,
+  then `release()` it for refilling.
 
 Every device gives the batcher its input sets (at least two), so one batch is filled while
 another executes and the device need not wait for the host. One buffer is open at a time; it is
@@ -247,20 +248,12 @@ class Batcher:
         self._batches.notify_all()
 
     # -- workers ---------------------------------------------------------------------------------
-    def next_batch(self, owner: str, stop: threading.Event, idle_wait_s: float = 0.5) -> BatchBuffer | None:
-        """The next batch for the device `owner`: a sealed buffer whose slots are all written.
-        Seals the open buffer of this device once its batch timeout is over. None once the batcher
-        is closed, or when `stop` is set and this device has nothing sealed or open."""
-        with self.lock:
-            while True:
-                got = self.poll(owner, stop, idle_wait_s)
-                if not isinstance(got, float):
-                    return got
-                self._batches.wait(got)
-
     def poll(self, owner: str, stop: threading.Event, idle_wait_s: float = 0.5) -> BatchBuffer | float | None:
-        """`next_batch` without waiting (callers hold `lock`): a ready batch for `owner`, or how
-        long to wait on the signal before asking again, or None: nothing more comes for `owner`."""
+        """The next batch for the device `owner`, without waiting (callers hold `lock`; the device's
+        `scheduler.Scheduler` waits): a sealed buffer whose slots are all written, or how long to
+        wait on the signal before asking again, or None: nothing more comes for `owner` (the
+        batcher is closed, or `stop` is set and this device has nothing sealed or open). Seals the
+        open buffer of this device once its batch timeout is over."""
         while not self._closed:
             sealed = self._sealed.get(owner)
             if sealed is None:

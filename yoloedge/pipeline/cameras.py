@@ -38,7 +38,7 @@ class CameraRuntime:
                  reader: CameraReader | None, failed: str | None = None, models: Sequence[str] = ()):
         self.config = config
         #: the names of the models its frames go to, in `models:` order
-        self.models = tuple(models) if models else (tuple(feed.intakes) if feed is not None else ())
+        self.models = tuple(models)
         self.failed = failed  # why the camera could not be started at all (its accelerator failed)
         #: model name -> why this camera's frames do not go to it (it failed to load on every device)
         self.model_errors: dict[str, str] = {}

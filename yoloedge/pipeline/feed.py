@@ -9,7 +9,8 @@ call; each intake's resize reads it, none copies it whole.
 A lossless camera (`realtime: false`) waits for room in every model's queue: its reader hands the
 same frame over in slices (see `sources.delivery`); a slice that finds one model's queue full
 returns False, and the next slice skips the models that already took the frame, so none gets it
-twice.
+twice. The models are asked in order, so those that took it are always the first ones: a count
+is all the feed keeps, and nothing is allocated per frame.
 """
 
 from __future__ import annotations
@@ -24,21 +25,20 @@ from .queues import FrameQueue
 class CameraFeed:
     def __init__(self, intakes: Mapping[str, CameraIntake]):
         self.intakes = dict(intakes)  # model name -> its intake, in `models:` order
-        self._frame: tuple[int, float] | None = None  # the frame being handed over
-        self._taken: set[str] = set()  # ... and the models that have it
+        self._order = tuple(self.intakes.values())
+        self._pending: Frame | None = None  # a frame the first `_given` intakes took, the next one refused
+        self._given = 0
 
     def __call__(self, frame: Frame, timeout_s: float) -> bool:
         """The camera's `FrameSink` (the reader's thread): True once every model has the frame."""
-        key = (frame.seq, frame.capture_mono)
-        if key != self._frame:
-            self._frame, self._taken = key, set()
-        for name, intake in self.intakes.items():
-            if name in self._taken:
-                continue
+        if frame is not self._pending:  # the reader offers a refused frame again, the same object
+            self._given = 0
+        for intake in self._order[self._given:]:
             if not intake(frame, timeout_s):
+                self._pending = frame
                 return False
-            self._taken.add(name)
-        self._frame = None
+            self._given += 1
+        self._pending = None
         return True
 
     @property
@@ -48,9 +48,6 @@ class CameraFeed:
     @property
     def dropped(self) -> int:
         return sum(intake.queue.dropped for intake in self.intakes.values())
-
-    def buffers(self) -> int:
-        return sum(intake.buffers() for intake in self.intakes.values())
 
     def close(self) -> None:
         for intake in self.intakes.values():

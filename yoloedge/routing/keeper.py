@@ -171,7 +171,9 @@ class FrameKeeper:
             else:
                 cv2.resize(image, (shape[1], shape[0]), dst=slot.buffer, interpolation=cv2.INTER_AREA)
             slot.key = key
-            slot.waiting = set(kept.models) if len(kept.models) > 1 else set()
+            slot.waiting.clear()  # reused, as the buffer is: nothing allocated per kept frame
+            if len(kept.models) > 1:
+                slot.waiting.update(kept.models)
             kept.kept += 1
         return True
 
@@ -231,7 +233,8 @@ class FrameKeeper:
                     continue
                 slot.waiting.discard(model)
                 if not several or not slot.waiting:
-                    slot.key, slot.waiting = None, set()
+                    slot.key = None
+                    slot.waiting.clear()
             kept.freed.notify_all()
 
     def stats(self, camera: str) -> dict:

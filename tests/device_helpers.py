@@ -1,0 +1,38 @@
+"""Helpers the tests of the device backends share: a call on a thread of its own (as a device
+worker makes it), and a `.om` for the strict fake pyACL (tests/fakes/acl)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+
+def in_thread(fn, *args, timeout: float = 120.0):
+    """Run `fn` on a new thread (as a device worker would) and return its result or raise its error."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test thread
+            box["error"] = exc
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join(timeout)
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def make_om(directory: Path, onnx_path: Path, name: str | None = None, batch=1, aipp: bool = False,
+            outputs: list[str] | None = None) -> Path:
+    """A fake `.om` and its pairing: what ONNX it runs, its batch (int) or gears (list), AIPP."""
+    om = Path(directory) / (name or f"{Path(onnx_path).stem}.om")
+    om.write_bytes(b"fake om: see the .fake.json next to it")
+    pairing = {"onnx": str(onnx_path), "batch": batch, "aipp": aipp}
+    if outputs:
+        pairing["outputs"] = outputs
+    Path(f"{om}.fake.json").write_text(json.dumps(pairing))
+    return om
