@@ -42,6 +42,18 @@ def test_a_slow_rate_waits_for_single_messages_and_zero_is_unlimited():
     assert free.unlimited and free.available() == UNLIMITED and free.wait_s(10) == 0
 
 
+def test_messages_granted_before_the_clock_moved_are_charged_to_that_grant():
+    """The drain asks what it may send, sends it, then takes it; the clock may move in between
+    (the publisher's clock is its own). The next second's burst stays whole."""
+    clock = Clock()
+    bucket = TokenBucket(rate=10, burst=10, clock=clock)
+    bucket.take(9)
+    assert bucket.available() == 1  # the grant
+    clock.now += 3600  # moves while that one message is handed over
+    bucket.take(1)
+    assert bucket.available() == 10
+
+
 def test_a_bad_bucket_is_refused():
     with pytest.raises(ValueError):
         TokenBucket(rate=-1, burst=1, clock=Clock())

@@ -58,9 +58,11 @@ class TokenBucket:
         return int(self._tokens)
 
     def take(self, count: int) -> None:
-        """`count` messages went out."""
+        """`count` messages went out, of those `available()` granted. Spent from that count, not
+        from a refill: the clock may move between the grant and the sending (a round of the drain
+        hands messages to paho, then takes them), and a refill in between would charge the old
+        grant to the new second's burst."""
         if not self.unlimited and count:
-            self._refill()
             self._tokens -= count
 
     def step(self) -> int:
