@@ -450,6 +450,22 @@ def test_cli_atc_dry_run_writes_script_and_aipp(fixed_v8, tmp_path):
     assert not Path(f"{out}.om").exists()
 
 
+def test_cli_atc_aipp_yuv420sp_writes_the_nv12_block(fixed_v8, tmp_path):
+    """`--aipp yuv420sp`: the block that takes the NV12 pictures of `decoder: dvpp` cameras."""
+    out = tmp_path / "meter"
+    proc = convert("atc", "--onnx", fixed_v8, "--output", out, "--soc-version", "Ascend310P3", "--dry-run",
+                   "--aipp", "yuv420sp", env=bare_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    fields = aipp_fields(Path(f"{out}.aipp.cfg").read_text())
+    assert fields["input_format"] == "YUV420SP_U8" and fields["csc_switch"] == "true"
+    assert fields["matrix_r0c0"] == "298" and fields["input_bias_1"] == "128"
+    assert "DVPP" in proc.stdout and "color:" not in proc.stdout
+    plain = convert("atc", "--onnx", fixed_v8, "--output", tmp_path / "plain", "--soc-version", "Ascend310P3",
+                    "--dry-run", "--aipp", env=bare_env(tmp_path))
+    assert plain.returncode == 0, plain.stderr
+    assert aipp_fields(Path(f"{tmp_path / 'plain'}.aipp.cfg").read_text())["input_format"] == "RGB888_U8"
+
+
 def test_cli_atc_without_atc_fails_clearly(fixed_v8, tmp_path):
     out = tmp_path / "meter"
     proc = convert("atc", "--onnx", fixed_v8, "--output", out, "--soc-version", "Ascend310P3",

@@ -77,9 +77,11 @@ def _add_atc(tools) -> None:
                    help="one batch (fixed) or several (dynamic batch gears, e.g. 1,2,4,8); default: the "
                         "model's fixed batch, or 1")
     aipp = p.add_mutually_exclusive_group()
-    aipp.add_argument("--aipp", dest="aipp", action="store_true", default=True,
-                      help="normalise on the NPU: the .om takes letterboxed uint8 RGB888 frames (default)")
-    aipp.add_argument("--no-aipp", dest="aipp", action="store_false",
+    aipp.add_argument("--aipp", dest="aipp", nargs="?", choices=("rgb", "yuv420sp"), const="rgb", default="rgb",
+                      help="normalise on the NPU: the .om takes letterboxed uint8 RGB888 frames (rgb, the "
+                           "default), or NV12 pictures the card's DVPP decoded and letterboxed (yuv420sp, for "
+                           "cameras with decoder: dvpp), converted to RGB on the NPU as BT.601 limited range")
+    aipp.add_argument("--no-aipp", dest="aipp", action="store_const", const=None,
                       help="keep the float NCHW input (the host normalises)")
     p.add_argument("--frame-color", choices=("rgb", "bgr"), default="rgb",
                    help="channel order of the frames yoloedge sends to the AIPP (its model.color; default rgb)")
@@ -141,7 +143,8 @@ def run_atc(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sy
         model = inspect_onnx(source)
         opts = atc.AtcOptions(
             output=args.output, soc_version=atc.normalise_soc(args.soc_version), batches=parse_batches(args.batch),
-            imgsz=tuple(args.imgsz) if args.imgsz else None, aipp=args.aipp, frame_color=args.frame_color,
+            imgsz=tuple(args.imgsz) if args.imgsz else None, aipp=args.aipp is not None,
+            aipp_input=args.aipp or "rgb", frame_color=args.frame_color,
             model_color=args.model_color, mean=atc.parse_triple(args.mean, (0.0, 0.0, 0.0)),
             std=atc.parse_triple(args.std, (1.0, 1.0, 1.0)), normalize=args.normalize,
             output_type=args.output_type)

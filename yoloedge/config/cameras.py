@@ -324,6 +324,8 @@ def decoder_ok(ctx: Context, entries: dict, values: dict) -> bool:
         return False
     if decoder is Decoder.PYAV:
         return _pyav_ok(ctx, entries, values)
+    if decoder is Decoder.DVPP:
+        return _dvpp_ok(ctx, entries, values)
     if not (pipeline or decoder.uses_gstreamer):
         return True
     if not gi_installed():
@@ -349,6 +351,29 @@ def _pyav_ok(ctx: Context, entries: dict, values: dict) -> bool:
     if url is not None and not _preset_reads(url):
         ctx.bad_value(entries["decoder"], "decoder: pyav reads rtsp:// cameras and video files only",
                       "use decoder: opencv (or auto) for this source")
+        return False
+    return True
+
+
+def _dvpp_ok(ctx: Context, entries: dict, values: dict) -> bool:
+    """decoder: dvpp reads rtsp:// cameras and video files (demultiplexed by PyAV, decoded by
+    VDEC), and image folders and HTTP MJPEG (decoded by JPEGD); that its group is an Ascend one is
+    checked with the accelerators (`modelrefs.check_camera_decoders`)."""
+    from .sources import PYAV_HINT, av_installed
+    url = values.get("url")
+    if url is None:
+        return True
+    scheme, sep, _ = url.partition("://")
+    if sep and scheme.lower() in ("http", "https"):
+        return True  # MJPEG: JPEGD
+    if not _preset_reads(url):
+        ctx.bad_value(entries["decoder"], "decoder: dvpp reads rtsp:// cameras, video files, image folders "
+                                          "and HTTP MJPEG only",
+                      "use decoder: opencv (or auto) for this source")
+        return False
+    if sep and scheme.lower() in ("rtsp", "rtsps") and not av_installed():
+        ctx.problem(entries["decoder"], "decoder: dvpp demultiplexes rtsp:// streams with PyAV, which is not "
+                                        "installed", PYAV_HINT)
         return False
     return True
 

@@ -37,7 +37,7 @@ from .fields import (INVALID, MAX_NAME_BYTES, Boolean, Choice, Context, Key, Fil
 from .http import read_http
 from .location import daemon_socket
 from .model import ModelConfig
-from .modelrefs import check_camera_labels, check_model_references
+from .modelrefs import check_camera_decoders, check_camera_labels, check_model_references
 from .models import MAX_MODELS, path_key, read_model, read_models, take_models
 from .schema import (AcceleratorConfig, Config, ControlConfig, HealthConfig, HomeAssistantConfig, LoggingConfig,
                      MqttConfig, TlsConfig, TrackingConfig)
@@ -133,6 +133,7 @@ def build_config(ctx: Context, root: Item | None, source: str) -> Config | None:
     if groups is not None and "cameras" in root.value:
         check_camera_accelerators(ctx, root.value["cameras"], groups)
     check_model_references(ctx, root, groups)
+    check_camera_decoders(ctx, root, groups)
     if models is not None:
         check_models_against_groups(ctx, root, models, groups)
     if values.get("cameras") and ("tracking" in values or "tracking" not in root.value):

@@ -78,6 +78,23 @@ def check_model_references(ctx: Context, root: Item, accelerators: tuple[Acceler
                               f"run this camera on an accelerator that loads it")
 
 
+def check_camera_decoders(ctx: Context, root: Item, accelerators: tuple[AcceleratorConfig, ...] | None) -> None:
+    """`decoder: dvpp` is the Atlas card's media engine: the camera's group must be `backend:
+    ascend` (its pictures are decoded on the card that runs them)."""
+    for camera in _list(root, "cameras"):
+        decoder = camera.value.get("decoder")
+        if decoder is None or decoder.value != "dvpp":
+            continue
+        group = _group_of(camera, accelerators)
+        if group is None or accelerators is None:
+            continue
+        accelerator = next(a for a in accelerators if a.name == group)
+        if accelerator.backend != "ascend":
+            ctx.bad_value(decoder, f"decodes on an Atlas card's DVPP, but this camera's accelerator {group} is "
+                                   f"backend: {accelerator.backend}",
+                          "run this camera on an accelerator with backend: ascend, or use decoder: auto")
+
+
 def _list(root: Item, key: str) -> list[Item]:
     item = root.value.get(key)
     return [child for child in item.value if child.is_mapping] if item is not None and item.is_sequence else []

@@ -37,7 +37,10 @@ class Decoder(str, Enum):
     JETSON = "jetson"  # nvv4l2decoder (NVIDIA Jetson)
     VAAPI = "vaapi"  # VA-API (AMD, Intel)
     NVIDIA = "nvidia"  # NVDEC (NVIDIA discrete GPUs)
-    AUTO = "auto"  # the best of the above that this machine has
+    #: the Atlas card's own media engine (VDEC for H.264/H.265, JPEGD for JPEG), on an
+    #: accelerator group of `backend: ascend`; the host only demultiplexes (sources.demux)
+    DVPP = "dvpp"
+    AUTO = "auto"  # the best of the above that this machine has (dvpp on an Ascend group whose model takes it)
 
     def __str__(self) -> str:
         return self.value
@@ -45,7 +48,7 @@ class Decoder(str, Enum):
     @property
     def uses_gstreamer(self) -> bool:
         """Whether this choice needs PyGObject whatever the machine (AUTO falls back to OpenCV)."""
-        return self not in (Decoder.OPENCV, Decoder.PYAV, Decoder.AUTO)
+        return self not in (Decoder.OPENCV, Decoder.PYAV, Decoder.DVPP, Decoder.AUTO)
 
 
 DECODERS = tuple(d.value for d in Decoder)

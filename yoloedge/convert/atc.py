@@ -85,6 +85,7 @@ class AtcOptions:
     batches: tuple[int, ...] | None = None  # None: the model's fixed batch, or 1
     imgsz: tuple[int, int] | None = None
     aipp: bool = True
+    aipp_input: str = "rgb"  # convert.aipp.INPUTS: "yuv420sp" for cameras with decoder: dvpp
     frame_color: str = "rgb"
     model_color: str = "rgb"
     mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -153,7 +154,7 @@ def build_atc(model: SourceModel, opts: AtcOptions) -> AtcPlan:
                                "use --no-aipp")
         aipp_path = base + ".aipp.cfg"
         aipp_text = aipp_config(AippSettings(w, h, opts.frame_color, opts.model_color, opts.mean, opts.std,
-                                             opts.normalize), os.path.basename(model.path))
+                                             opts.normalize, opts.aipp_input), os.path.basename(model.path))
         argv.append(f"--insert_op_conf={aipp_path}")
     argv += [f"--output_type={opts.output_type}", f"--log={LOG_LEVEL}"]
     return AtcPlan(argv=argv, om_path=base + ".om", script_path=base + ".atc.sh", input_shape=input_shape,
@@ -164,7 +165,9 @@ def build_atc(model: SourceModel, opts: AtcOptions) -> AtcPlan:
 def config_hint(plan: AtcPlan, model: SourceModel, opts: AtcOptions) -> list[str]:
     """The yoloedge.yaml lines that match the converted model."""
     lines = ["model:", f"  path: {plan.om_path}"]
-    if opts.aipp:
+    if opts.aipp and opts.aipp_input == "yuv420sp":
+        lines.append("  input: aipp      # the .om takes NV12 from the card's DVPP; AIPP converts and normalises")
+    elif opts.aipp:
         lines.append("  input: aipp      # the .om takes uint8 NHWC frames; AIPP normalises")
         lines.append(f"  color: {opts.frame_color}       # the channel order the AIPP block expects to receive")
     lines += ["accelerators:", "  - backend: ascend", "    devices: [0]", f"    batch: {plan.batch}",
