@@ -31,6 +31,13 @@ Conditions (all on `lock`): `_work` wakes preparers (a frame or room appeared), 
 workers (a buffer was sealed, completed, or opened), each queue's own condition wakes its blocked
 lossless reader.
 
+Pinned cameras: a camera whose pictures already live in one card's memory (`decoder: dvpp`: the
+card's VDEC decoded them) is pinned to that device (`add_camera(device=...)`): its frames go only
+into that device's buffers. Each device may then have a buffer open at once (`_open`, by device),
+so a pinned camera never waits for another card's batch to fill; unpinned frames take any open
+buffer, else the least loaded device's. A pinned camera's frames wait in its queue while its
+device is down (another card cannot read its memory).
+
 Several models: each model of a group has its own batcher (its own camera queues, buffers and
 tickets), and the batchers of one group share one `BatchSignal` (`lock` and `_batches`), so a
 device worker serving several models waits on one condition for whichever model has a batch
@@ -43,7 +50,7 @@ import collections
 import itertools
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -78,7 +85,7 @@ class Batcher:
         self._order: list[FrameQueue] = []  # round-robin order of the queues
         self._next = 0  # where the next round-robin turn starts
         self._free: collections.deque[BatchBuffer] = collections.deque()
-        self._open: BatchBuffer | None = None
+        self._open: dict[str, BatchBuffer] = {}  # device -> its open buffer
         self._sealed: dict[str, collections.deque[BatchBuffer]] = {}
         self._running: dict[str, int] = {}
         self._tickets = itertools.count()
@@ -89,11 +96,13 @@ class Batcher:
         self._rebalanced_device: collections.Counter[str] = collections.Counter()
 
     # -- cameras ---------------------------------------------------------------------------------
-    def add_camera(self, camera: str, maxsize: int, lossless: bool) -> FrameQueue:
+    def add_camera(self, camera: str, maxsize: int, lossless: bool, device: str | None = None) -> FrameQueue:
+        """A camera's queue; `device`: the only device whose buffers take its frames (pinned)."""
         with self.lock:
             if camera in self._queues:
                 raise ValueError(f"camera {camera!r} already has a queue")
             queue = FrameQueue(camera, maxsize, lossless, self.lock, self._work)
+            queue.device = device
             self._queues[camera] = queue
             self._order.append(queue)
             return queue
@@ -111,13 +120,17 @@ class Batcher:
         """Frames taken in but not yet handed to a device: queued, or in an open or sealed buffer."""
         with self.lock:
             waiting = sum(b.claimed for q in self._sealed.values() for b in q)
-            return sum(len(q) for q in self._order) + waiting + (self._open.claimed if self._open else 0)
+            return sum(len(q) for q in self._order) + waiting + sum(b.claimed for b in self._open.values())
 
     # -- devices ---------------------------------------------------------------------------------
-    def add_buffers(self, owner: str, arrays: list[np.ndarray], device: str | None = None) -> None:
+    def add_buffers(self, owner: str, arrays: list[np.ndarray], device: str | None = None,
+                    device_slots: Sequence[tuple[int, int]] | None = None) -> None:
         """A device's input sets join the pool (its worker has opened the backend). `owner` names
-        this opening of the device: buffers of an earlier one never come back into the pool."""
-        buffers = [BatchBuffer(owner, i, a) for i, a in enumerate(arrays)]
+        this opening of the device: buffers of an earlier one never come back into the pool.
+        `device_slots`: per set, its device memory (address, bytes per slot) for inputs filled on
+        the card (`Backend.device_inputs`)."""
+        buffers = [BatchBuffer(owner, i, a, device_slots[i] if device_slots else None)
+                   for i, a in enumerate(arrays)]
         with self.lock:
             self._sealed[owner] = collections.deque()
             self._running[owner] = 0
@@ -130,11 +143,11 @@ class Batcher:
         frames, whose tickets the caller must give up so post-processing does not wait for them."""
         with self.lock:
             self._free = collections.deque(b for b in self._free if b.owner != owner)
-            if self._open is not None and self._open.owner == owner:
-                if self._open.claimed:
-                    self._seal(self._open)
+            for current in [b for b in self._open.values() if b.owner == owner]:
+                if current.claimed:
+                    self._seal(current)
                 else:
-                    self._open = None
+                    del self._open[self._device_of[owner]]
             lost = list(self._sealed.pop(owner, ()))
             self._running.pop(owner, None)
             self._device_of.pop(owner, None)
@@ -185,13 +198,12 @@ class Batcher:
         with self.lock:
             waited = False
             while not (stop.is_set() or self._closed):
-                if any(len(q) for q in self._order):
-                    buffer = self._open or self._choose_free()
-                    if buffer is not None:
-                        frame = self._next_frame()
-                        if self._down:
-                            self._count_rebalanced(frame.camera, buffer)
-                        return frame, buffer, self._claim(buffer), self._clock()
+                found = self._next_frame()
+                if found is not None:
+                    frame, buffer = found
+                    if self._down and buffer.owner not in self._pinned_owners(frame.camera):
+                        self._count_rebalanced(frame.camera, buffer)
+                    return frame, buffer, self._claim(buffer), self._clock()
                 if waited:
                     return None
                 waited = not self._work.wait(idle_wait_s)
@@ -210,23 +222,44 @@ class Batcher:
             if buffer.ready:
                 self._batches.notify_all()
 
-    def _next_frame(self) -> Resized:
+    def _next_frame(self) -> tuple[Resized, BatchBuffer] | None:
+        """The next camera's frame (round-robin) that has a buffer to go into, and that buffer."""
         n = len(self._order)
         for k in range(n):
             queue = self._order[(self._next + k) % n]
+            if not len(queue):
+                continue
+            buffer = self._buffer_for(queue.device)
+            if buffer is None:
+                continue
             frame = queue.get_nowait()
             if frame is not None:
                 self._next = (self._next + k + 1) % n
-                return frame
-        raise RuntimeError("no camera has a frame")  # callers check first, under the same lock
+                return frame, buffer
+        return None
 
-    def _choose_free(self) -> BatchBuffer | None:
-        """Open the free buffer of the least loaded device (sealed + running batches), oldest first."""
-        if not self._free:
+    def _pinned_owners(self, camera: str) -> set[str]:
+        queue = self._queues.get(camera)
+        device = None if queue is None else queue.device
+        return {o for o, d in self._device_of.items() if d == device} if device is not None else set()
+
+    def _buffer_for(self, device: str | None) -> BatchBuffer | None:
+        """An open buffer for a frame (of any device, or of `device` for a pinned camera), else
+        a free one opened: of the least loaded device (sealed + running batches), oldest first."""
+        if device is not None:
+            current = self._open.get(device)
+            if current is not None:
+                return current
+            free = [b for b in self._free if self._device_of.get(b.owner) == device]
+        else:
+            if self._open:
+                return next(iter(self._open.values()))
+            free = [b for b in self._free if self._device_of.get(b.owner) not in self._open]
+        if not free:
             return None
-        best = min(self._free, key=lambda b: len(self._sealed[b.owner]) + self._running[b.owner])
+        best = min(free, key=lambda b: len(self._sealed[b.owner]) + self._running[b.owner])
         self._free.remove(best)
-        self._open = best
+        self._open[self._device_of[best.owner]] = best
         return best
 
     def _claim(self, buffer: BatchBuffer) -> int:
@@ -243,8 +276,9 @@ class Batcher:
         buffer.sealed = True
         buffer.ticket = next(self._tickets)
         self._sealed[buffer.owner].append(buffer)
-        if self._open is buffer:
-            self._open = None
+        device = self._device_of.get(buffer.owner)
+        if device is not None and self._open.get(device) is buffer:
+            del self._open[device]
         self._batches.notify_all()
 
     # -- workers ---------------------------------------------------------------------------------
@@ -261,7 +295,7 @@ class Batcher:
             if sealed and sealed[0].ready:
                 self._running[owner] += 1
                 return sealed.popleft()
-            current = self._open
+            current = self._open.get(self._device_of.get(owner, owner))
             if not sealed and current is not None and current.owner == owner and current.claimed:
                 wait = current.opened_mono + self.timeout_s - self._clock()
                 if wait <= 0:

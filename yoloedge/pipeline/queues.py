@@ -43,6 +43,8 @@ class FrameQueue:
         self._closed = False
         self.dropped = 0
         self.put_count = 0
+        #: the device whose buffers alone take this camera's frames (`Batcher.add_camera`), or None
+        self.device: str | None = None
 
     def put(self, item: Any, timeout: float | None = None) -> bool:
         """Queue an entry. Keep-latest never blocks; lossless blocks until room, `timeout`

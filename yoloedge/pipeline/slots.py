@@ -49,10 +49,14 @@ class BatchBuffer:
     `filled` of them are written; a sealed buffer runs once `filled == claimed`.
     """
 
-    def __init__(self, owner: str, index: int, array: np.ndarray):
+    def __init__(self, owner: str, index: int, array: np.ndarray,
+                 device_slots: tuple[int, int] | None = None):
         self.owner = owner  # the worker that runs it (it is that device's memory)
         self.index = index  # input set number, for backend.run
         self.array = array
+        #: (device address, bytes per slot) of an input set the card fills itself (`decoder:
+        #: dvpp`: pictures letterboxed by its VPC straight into the model input); None: host memory
+        self.device_slots = device_slots
         self.capacity = len(array)
         self.metas = new_metas(self.capacity)
         self.claimed = 0
