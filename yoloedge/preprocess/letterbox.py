@@ -264,8 +264,8 @@ def _scale_into(plane: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
     """out = plane * scale, converting uint8 to the slot's float type without a temporary."""
     if out.dtype == np.float16:
         # NumPy's uint8 -> float16 cast is ~4x slower than OpenCV's CV_16F conversion.
-        # OpenCV takes a scalar src2; its stubs list only arrays (ignore rather than allocate one).
-        res = cv2.multiply(plane, float(scale), dst=out, dtype=cv2.CV_16F)  # type: ignore[call-overload]
+        # OpenCV takes a scalar src2; the stubs of some releases list only arrays (ignore, not allocate one).
+        res = cv2.multiply(plane, float(scale), dst=out, dtype=cv2.CV_16F)  # type: ignore[call-overload, unused-ignore]
         if res.ctypes.data != out.ctypes.data:
             out[...] = res
         return
