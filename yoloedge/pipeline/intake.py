@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..preprocess import Geometry, Resizer
-from ..sources.frame import Frame
+from ..sources.frame import DevicePicture, Frame
 from .queues import FrameQueue
 
 
@@ -46,10 +46,17 @@ class Resized:
     frame_time: float = 0.0  # `Frame.time`: what tracking runs on
     image: np.ndarray | None = None  # BGR uint8 (new_h, new_w, 3): the buffer of this ring entry
     geometry: Geometry | None = None
+    #: a picture on the card (`decoder: dvpp`) instead of `image`: letterboxed there by the
+    #: preparer, which also decides the geometry; given back to its own ring with this entry
+    picture: DevicePicture | None = None
 
     def release(self) -> None:
         """Placed in a batch slot (or dropped): the buffer may take the next frame. An entry
-        whose camera was removed meanwhile is simply let go."""
+        whose camera was removed meanwhile is simply let go. A device picture goes back to its
+        ring either way."""
+        picture, self.picture = self.picture, None
+        if picture is not None:
+            picture.release()
         owner = self.owner()
         if owner is not None:
             owner.release(self)
@@ -71,7 +78,11 @@ class CameraIntake:
         if self.queue.lossless and not self.queue.wait_for_room(timeout_s):
             return False
         item = self._take()
-        item.image, item.geometry = self.resizer.resize(frame.image, item.image)
+        if frame.picture is not None:  # on the card: the preparer letterboxes it there
+            frame.picture.hold()
+            item.picture, item.geometry = frame.picture, None
+        else:
+            item.image, item.geometry = self.resizer.resize(frame.image, item.image)
         item.camera, item.seq = frame.camera, frame.seq
         item.capture_time, item.capture_mono = frame.capture_time, frame.capture_mono
         item.frame_time = frame.time

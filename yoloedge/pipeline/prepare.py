@@ -19,9 +19,11 @@ import os
 import threading
 from typing import Callable
 
-from ..preprocess import Letterboxer
+from ..preprocess import Geometry, Letterboxer
+from ..sources.frame import DevicePicture
 from ..threads import lower_priority
 from .batcher import Batcher
+from .slots import BatchBuffer
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,9 @@ class Preparer(threading.Thread):
             item, buffer, slot, taken = job
             geometry = None
             try:
-                if item.image is not None and item.geometry is not None:
+                if item.picture is not None:
+                    geometry = _place_on_device(item.picture, buffer, slot, letterbox)
+                elif item.image is not None and item.geometry is not None:
                     geometry = letterbox.place(item.image, item.geometry, buffer.array[slot])
             except Exception as exc:  # noqa: BLE001 - a bad picture must not stop the pool
                 self.on_failure(item.camera, item.seq, exc)
@@ -66,3 +70,12 @@ class Preparer(threading.Thread):
 
     def stop(self) -> None:
         self._stop_event.set()
+
+
+def _place_on_device(picture: DevicePicture, buffer: BatchBuffer, slot: int, letterbox: Letterboxer) -> Geometry:
+    """A picture on the card, letterboxed by the card into the slot's device memory."""
+    if buffer.device_slots is None:
+        raise ValueError(f"a picture decoded on {picture.device} cannot go into host input buffers (the model "
+                         f"takes host frames: convert it with `yoloedge convert atc --aipp yuv420sp`)")
+    address, slot_bytes = buffer.device_slots
+    return picture.letterbox_into(address + slot * slot_bytes, letterbox.width, letterbox.height)

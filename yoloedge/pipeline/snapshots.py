@@ -157,7 +157,7 @@ class SnapshotStore:
 
     @staticmethod
     def _copy_raw(cam: _CameraCopy, frame: Frame) -> None:
-        image = frame.image
+        image = frame.host_image()
         with cam.lock:
             buffer = cam.staging
             if buffer is None or buffer.shape != image.shape or buffer.dtype != image.dtype:
@@ -173,7 +173,7 @@ class SnapshotStore:
         until this keepsake replaces it, so that there is never a moment without one."""
         with cam.lock:
             cam.staging = None
-        keepsake = encode_jpeg(frame.image, KEEPSAKE_QUALITY)
+        keepsake = encode_jpeg(frame.host_image(), KEEPSAKE_QUALITY)
         if keepsake is None:  # a frame OpenCV cannot encode (an odd channel count): no keepsake of it
             return
         with cam.lock:

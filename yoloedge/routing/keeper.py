@@ -148,7 +148,7 @@ class FrameKeeper:
             self._maybe_free(kept)
             return True
         kept.unwanted_since = 0.0
-        image, key = frame.image, (frame.seq, frame.capture_mono)
+        image, key = frame.host_image(), (frame.seq, frame.capture_mono)
         with kept.lock:
             if any(s.key == key for s in kept.slots):
                 return True  # kept by an earlier slice; the sink refused it then

@@ -25,6 +25,7 @@ import numpy as np
 from ..config.sources import PLAUSIBLE_FPS, SYNTHETIC_SCHEME
 from ..errors import YoloedgeError
 from ..redact import redact_url
+from .frame import DevicePicture
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,12 @@ class Source:
         the default hands over read()'s own array and does not use `out`."""
         image, self._grabbed = self._grabbed, None
         return image
+
+    def take_picture(self) -> DevicePicture | None:
+        """The retrieved frame's picture on an accelerator, for sources the card decodes
+        (`decoder: dvpp`); their retrieve() gives an empty (h, w, 0) placeholder. None for the
+        others. Handed over once: the caller owns it (and releases it)."""
+        return None
 
     def position_s(self) -> float | None:
         """The grabbed frame's media time in seconds from the start of the file, continuing

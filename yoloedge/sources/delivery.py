@@ -209,7 +209,8 @@ class FrameDelivery:
             captured = time.time()
             position = source.position_s()
             self._deliver(conn, Frame(self._name, seq, image, captured, time.monotonic(),
-                                      None if position is None else conn.opened_wall + position))
+                                      None if position is None else conn.opened_wall + position,
+                                      source.take_picture()))
             return True
         finally:
             if pool is not None and lent is not None:
@@ -312,12 +313,16 @@ class FrameDelivery:
         """Hand a frame to the sink. A lossless sink blocks; we wait in slices so stop() is
         honoured. The cancel check and the sink call happen under `_deliver_lock`, so once join()
         has passed that lock an abandoned connection can never deliver another frame."""
-        while True:
-            with self.deliver_lock:
-                if conn.cancelled.is_set():
-                    return
-                if self._sink(frame, PUT_SLICE_S):
-                    break
+        try:
+            while True:
+                with self.deliver_lock:
+                    if conn.cancelled.is_set():
+                        return
+                    if self._sink(frame, PUT_SLICE_S):
+                        break
+        finally:
+            if frame.picture is not None:  # the reader's hold; each model's entry holds its own
+                frame.picture.release()
         with self._lock:
             self._counters.frames_out += 1
         self.rate_out.mark()
