@@ -154,6 +154,15 @@ class Backend(ABC):
         """One host buffer [max_batch, ...] per input set, filled in place by pre-processing."""
 
     @property
+    def device_inputs(self) -> Sequence[tuple[int, int]] | None:
+        """Per input set, (device address, bytes per frame slot) when the card fills the input
+        itself (Ascend with a YUV420SP AIPP model: the DVPP letterboxes decoded pictures straight
+        into it, `decoder: dvpp`), so `run` copies nothing in; the host `input_buffers` are then
+        empty placeholders of the right length. None (the default): pre-processing fills the host
+        buffers."""
+        return None
+
+    @property
     def input_buffer(self) -> np.ndarray:
         """Input set 0: what single-threaded callers (the CLI, `Detector.detect`) fill."""
         return self.input_buffers[0]

@@ -73,7 +73,11 @@ class Detector:
         return self.backend.max_batch
 
     def warm_up(self) -> None:
-        """Run one batch of blank frames so lazy initialisation happens before we report ready."""
+        """Run one batch of blank frames so lazy initialisation happens before we report ready.
+        An input the card fills itself (`Backend.device_inputs`) runs on what its memory holds."""
+        if self.backend.device_inputs is not None:
+            self.backend.run(1)
+            return
         blank = np.full((self.input.height, self.input.width, 3), 114, np.uint8)
         self.detect([blank])
 

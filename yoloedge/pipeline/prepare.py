@@ -58,6 +58,8 @@ class Preparer(threading.Thread):
             try:
                 if item.picture is not None:
                     geometry = _place_on_device(item.picture, buffer, slot, letterbox)
+                elif buffer.device_slots is not None:
+                    raise ValueError("the model takes pictures the card decoded (decoder: dvpp), not host frames")
                 elif item.image is not None and item.geometry is not None:
                     geometry = letterbox.place(item.image, item.geometry, buffer.array[slot])
             except Exception as exc:  # noqa: BLE001 - a bad picture must not stop the pool

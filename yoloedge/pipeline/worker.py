@@ -379,8 +379,9 @@ class DeviceWorker:
         if current:
             try:
                 for model in inc.models:
-                    model.served.batcher.add_buffers(inc.owner, list(model.detector.backend.input_buffers),
-                                                     device=self.worker_name)
+                    backend = model.detector.backend
+                    model.served.batcher.add_buffers(inc.owner, list(backend.input_buffers), device=self.worker_name,
+                                                     device_slots=backend.device_inputs)
                 self.set_down(False)
             except Exception as exc:
                 if restarted:  # down again, a moment after it was reported healthy

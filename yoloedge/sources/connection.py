@@ -28,6 +28,7 @@ from .delivery import FrameDelivery
 from .frame import SinkClosed
 from .framepool import FramePool
 from .imagesize import ImageLimits
+from .dvpp import MediaEngine
 from .opening import open_camera
 from .readercore import CameraLog, Connection, Outcome, ReaderCounters
 from .state import CameraState
@@ -60,8 +61,9 @@ class ConnectionSupervisor:
     def __init__(self, config: CameraConfig, delivery: FrameDelivery, *, stall_timeout_s: float,
                  clock: Callable[[], float], stop: threading.Event, set_state: SetState, safe_url: str,
                  pool: FramePool | None, limits: ImageLimits, counters: ReaderCounters, lock: threading.Lock,
-                 camlog: CameraLog):
+                 camlog: CameraLog, media: MediaEngine | None = None):
         self._config = config
+        self._media = media
         self._name = config.name
         self._delivery = delivery
         self._stall_timeout_s = stall_timeout_s
@@ -223,7 +225,7 @@ class ConnectionSupervisor:
         source: Source | None = None
         try:
             source, decoder = open_camera(self._config, camera=self._name, reuse_frame=self._pool is not None,
-                                          image_limits=self._limits)
+                                          image_limits=self._limits, media=self._media)
             with self._lock:
                 self._counters.jpeg_decoder = source.jpeg_decoder
                 self._counters.decoder = decoder.value

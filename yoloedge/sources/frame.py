@@ -27,6 +27,7 @@ class DevicePicture(Protocol):
 
     width: int
     height: int
+    pts_s: float | None  # media time of the access unit it was decoded from (files), if known
     #: the device (worker name, e.g. "npu/0") whose input sets alone can take it
     device: str
 

@@ -19,6 +19,7 @@ from ..config.sources import Decoder, JpegDecoderKind, av_installed, display_lau
 from ..redact import redact_url
 from .base import (DEFAULT_DECODE_THREADS, Source, SourceError, SourceKind, UnsupportedSourceError, local_path,
                    source_kind)
+from .dvpp import DvppSource, MediaEngine
 from .files import VideoFileSource
 from .folder import ImageFolderSource
 from .gstlaunch import AUTO_ORDER, CHAIN_NEEDS, PRESETS
@@ -131,8 +132,13 @@ def camera_description(config: CameraConfig) -> str:
 
 
 def open_camera(config: CameraConfig, *, camera: str | None = None, reuse_frame: bool = False,
-                image_limits: ImageLimits = DEFAULT_LIMITS) -> tuple[Source, Decoder]:
-    """Open a camera's source with its decoder; returns the source and the decoder in use."""
+                image_limits: ImageLimits = DEFAULT_LIMITS, media: MediaEngine | None = None) -> tuple[Source, Decoder]:
+    """Open a camera's source with its decoder; returns the source and the decoder in use.
+    `media`: the camera's way onto its card's media engine, where its group has one that its
+    models can take pictures from (`decoder: dvpp`, and what `auto` picks first there)."""
+    dvpp = _open_dvpp(config, camera, media)
+    if dvpp is not None:
+        return dvpp, Decoder.DVPP
     choice = choose_decoder(config)
     if choice.decoder is Decoder.PYAV:
         pyav_source = PyAvSource(config.url, camera=camera, loop=config.loop, open_timeout_s=config.open_timeout_s,
@@ -150,6 +156,29 @@ def open_camera(config: CameraConfig, *, camera: str | None = None, reuse_frame:
                              decode_threads=config.decode_threads)
     source.reuse_frame = reuse_frame
     return source, choice.decoder
+
+
+def _open_dvpp(config: CameraConfig, camera: str | None, media: MediaEngine | None) -> Source | None:
+    """The card decodes: `decoder: dvpp` (an error without a media engine), or `auto` where the
+    camera's group has one and the source is a stream or a file the card reads."""
+    requested = Decoder(config.decoder)
+    if config.pipeline or requested not in (Decoder.DVPP, Decoder.AUTO):
+        return None
+    if media is None:
+        if requested is Decoder.AUTO:
+            return None
+        raise UnsupportedSourceError("decoder: dvpp needs the camera's accelerator to be an Ascend group whose "
+                                     "model takes the card's pictures (an .om converted with `yoloedge convert "
+                                     "atc --aipp yuv420sp`); use decoder: auto or pyav")
+    kind = source_kind(config.url)
+    if kind not in (SourceKind.RTSP, SourceKind.FILE):
+        if requested is Decoder.AUTO:
+            return None
+        raise UnsupportedSourceError(f"decoder: dvpp reads rtsp:// cameras and video files here, not a "
+                                     f"{kind.value} source; use decoder: opencv for this camera")
+    load_av()  # the demuxer
+    return DvppSource(config.url, kind, media, loop=config.loop, open_timeout_s=config.open_timeout_s,
+                      read_timeout_s=config.read_timeout_s, camera=camera, description=redact_url(config.url))
 
 
 def open_source(url: str, *, loop: bool = False, open_timeout_s: float = 10.0,

@@ -41,6 +41,7 @@ from typing import Callable
 
 from ..config.schema import CameraConfig
 from ..redact import SECRETS
+from .dvpp import MediaEngine
 from .connection import ConnectionSupervisor
 from .delivery import FrameDelivery
 from .frame import FrameSink
@@ -74,7 +75,8 @@ class CameraReader:
 
     def __init__(self, config: CameraConfig, sink: FrameSink, stall_timeout_s: float,
                  on_state: StateCallback | None = None, clock: Callable[[], float] = time.monotonic,
-                 pool: FramePool | None = None, limits: ImageLimits = DEFAULT_LIMITS):
+                 pool: FramePool | None = None, limits: ImageLimits = DEFAULT_LIMITS,
+                 media: MediaEngine | None = None):
         self._config = config
         self._on_state = on_state
         self._clock = clock
@@ -96,7 +98,7 @@ class CameraReader:
         self._connections = ConnectionSupervisor(config, self._delivery, stall_timeout_s=stall_timeout_s, clock=clock,
                                                  stop=self._stop, set_state=self._set_state, safe_url=self._safe_url,
                                                  pool=pool, limits=limits, counters=self._counters, lock=self._lock,
-                                                 camlog=self._camlog)
+                                                 camlog=self._camlog, media=media)
 
     # -- public API ------------------------------------------------------------------------------
     @property
