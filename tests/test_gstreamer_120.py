@@ -163,6 +163,22 @@ def test_1_20_chain_gives_the_clips_frames_in_order_and_the_same_pictures(media,
         assert problem is None, f"frame {index}: it {problem}"
 
 
+def test_1_20_chain_joined_mid_gop_starts_at_the_next_key_frame(media, gst_rtsp_available, gst_modules):
+    """A camera joined mid-GOP (tests/test_gstreamer.py's MidGopServer): with the 1.20 chain too, the
+    first picture is the next key frame's, and every one after it is intact."""
+    server = test_gstreamer.MidGopServer(media / MP4, loop=False).start()
+    try:
+        config = CameraConfig(name="mid", url=server.url(), decoder="gstreamer", open_timeout_s=5.0,
+                              read_timeout_s=3.0)
+        with without_element(gst_modules, "h264timestamper"):
+            thumbs, _ = test_gstreamer.read_stream(config, 20, set())
+    finally:
+        server.close()
+    reference = test_gstreamer.file_thumbnails(media / MP4, 60)
+    assert [test_gstreamer.closest(t, reference) for t in thumbs] == list(range(GOP, GOP + 20))
+    assert all(test_gstreamer.same_picture(t, [reference[GOP + i]]) is None for i, t in enumerate(thumbs))
+
+
 @pytest.fixture
 def jetson_stand_in(monkeypatch):
     """The jetson preset with avdec_h264 (and videoconvert) in place of nvv4l2decoder (and nvvidconv)."""
