@@ -66,6 +66,9 @@ def choose_decoder(config: CameraConfig) -> Choice:
     requested = Decoder(config.decoder)
     if requested is Decoder.OPENCV:
         return Choice(Decoder.OPENCV, reason="as configured")
+    if requested is Decoder.DVPP:  # the card decodes: open_camera opens it with the camera's media engine
+        raise UnsupportedSourceError("decoder: dvpp decodes on the camera's Atlas card, which this camera has "
+                                     "not been given; use decoder: auto or pyav")
     kind = source_kind(config.url)
     if kind not in (SourceKind.RTSP, SourceKind.FILE):
         if requested is Decoder.AUTO:
