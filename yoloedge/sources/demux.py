@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..redact import redact_url
 from .base import DEFAULT_FILE_FPS, SourceError, SourceKind, UnsupportedSourceError, local_path, source_kind
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 
 #: FFmpeg's decoder names for the codecs the card decodes, and their bitstream filters
 _CODECS = {"h264": Codec.H264, "hevc": Codec.H265}
+#: an open that fails after this fraction of its timeout was given up by the interrupt
+OPEN_TIMED_OUT_FRACTION = 0.95
 _TO_ANNEXB = {Codec.H264: "h264_mp4toannexb", Codec.H265: "hevc_mp4toannexb"}
 
 
@@ -79,7 +82,7 @@ class AccessUnitReader:
     gives them until then. Raises SourceError when the source does not open."""
 
     def __init__(self, url: str, *, camera: str | None = None, loop: bool = False, open_timeout_s: float = 10.0,
-                 read_timeout_s: float = 10.0):
+                 read_timeout_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
         kind = source_kind(url)
         if kind not in (SourceKind.RTSP, SourceKind.FILE):
             raise UnsupportedSourceError(f"decoder: dvpp reads rtsp:// cameras and video files, not a {kind.value} "
@@ -91,6 +94,7 @@ class AccessUnitReader:
         self.is_live = kind.is_live
         self._loop = loop and not self.is_live
         self._timeouts = (open_timeout_s, read_timeout_s)
+        self._clock = clock
         self._av = load_av()
         self.eof = False
         self.error: str | None = None
@@ -116,13 +120,17 @@ class AccessUnitReader:
         if self.kind is SourceKind.FILE and not os.path.isfile(self._target):
             raise SourceError(f"{self.description}: no such file")
         options = {"rtsp_transport": "tcp"} if self.kind is SourceKind.RTSP else {}
+        started = self._clock()
         try:
             container = av.open(self._target, mode="r", options=options,
                                 timeout=self._timeouts if self.is_live else None)
-        except av.error.ExitError:
-            raise SourceError(f"{self.description}: cannot open stream: no answer within "
-                              f"{self._timeouts[0]:.1f} s (open timed out)") from None
         except (av.error.FFmpegError, OSError) as exc:
+            # FFmpeg's RTSP client turns the interrupt of a silent server into "Invalid data": an
+            # open that failed once its timeout had passed was that interrupt
+            if isinstance(exc, av.error.ExitError) or \
+                    (self.is_live and self._clock() - started >= OPEN_TIMED_OUT_FRACTION * self._timeouts[0]):
+                raise SourceError(f"{self.description}: cannot open stream: no answer within "
+                                  f"{self._timeouts[0]:.1f} s (open timed out)") from None
             what = "stream" if self.is_live else "video file"
             raise SourceError(f"{self.description}: cannot open {what}: {ffmpeg_reason(exc)}") from None
         try:

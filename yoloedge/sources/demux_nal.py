@@ -91,7 +91,7 @@ def _avcc(data: bytes) -> list[bytes]:
         count, at = data[at] & mask, at + 1
         for _ in range(count):
             (size,), at = struct.unpack_from(">H", data, at), at + 2
-            nals.append(data[at:at + size])
+            nals.append(_unit(data, at, size))
             at += size
     return nals
 
@@ -104,9 +104,15 @@ def _hvcc(data: bytes) -> list[bytes]:
         (count,), at = struct.unpack_from(">H", data, at + 1), at + 3
         for _ in range(count):
             (size,), at = struct.unpack_from(">H", data, at), at + 2
-            nals.append(data[at:at + size])
+            nals.append(_unit(data, at, size))
             at += size
     return nals
+
+
+def _unit(data: bytes, at: int, size: int) -> bytes:
+    if at + size > len(data):
+        raise IndexError("a parameter set runs past the record's end")
+    return data[at:at + size]
 
 
 class ParameterSets:
