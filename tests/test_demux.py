@@ -207,7 +207,7 @@ def test_a_stream_info_describes_another_codec_and_read_refuses_it(media, av):
     reader = AccessUnitReader(str(media / AVI))
     try:
         assert (reader.info.codec, reader.info.width, reader.info.height) == ("mpeg4", 640, 480)
-        assert reader.info.fps == 15.0 and reader.info.pix_fmt == "yuv420p"
+        assert reader.info.fps == 15.0
         assert reader.read() is None and "not H.264 or H.265" in (reader.error or "")
     finally:
         reader.close()
@@ -363,3 +363,52 @@ def test_jpeg_info_of_real_progressive_grey_and_broken_jpegs(media):
     data = (media / "zidane.jpg").read_bytes()
     at = data.index(b"\xff\xc0")
     assert jpeg_info(data[:at + 12]) is None and jpeg_info(b"\x89PNG\r\n\x1a\n") is None and jpeg_info(b"") is None
+
+
+LAYOUTS = [("libx264", "yuv422p10le"), ("libx264", "yuv444p"), ("libx264", "yuv420p10le"), ("libx265", "yuv420p10le"),
+           ("libx265", "yuv422p"), ("libx265", "yuv444p12le"), ("libx265", "gray")]
+
+
+@pytest.mark.parametrize("encoder,pix_fmt", LAYOUTS)
+def test_the_sps_tells_the_layout_ffmpegs_probe_decode_finds(av, tmp_path, encoder, pix_fmt):
+    """Chroma format and bit depth from the SPS (the reader decodes nothing) are those of the pixel
+    format FFmpeg's own probe finds by decoding; the units still decode to the file's pictures."""
+    if encoder not in av.codecs_available:
+        pytest.skip(f"this PyAV has no {encoder} encoder")
+    path = tmp_path / f"{pix_fmt}.mp4"
+    with av.open(str(path), "w") as written:
+        stream = written.add_stream(encoder, rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, pix_fmt
+        if encoder == "libx265":
+            stream.options = {"x265-params": "log-level=error"}
+        for index in range(4):
+            picture = np.full((48, 64, 3), 40 * index, np.uint8)
+            frame = av.VideoFrame.from_ndarray(picture, format="rgb24").reformat(format=pix_fmt)
+            frame.pts = index
+            written.mux(stream.encode(frame))
+        written.mux(stream.encode(None))
+    with av.open(str(path)) as probed:  # FFmpeg's default open: its probe decodes
+        expected = probed.streams.video[0].codec_context.format.name
+    units, reader = read_units(path)
+    assert (reader.info.chroma, reader.info.bit_depth) == pix_fmt_layout(expected) == pix_fmt_layout(pix_fmt)
+    assert (reader.info.width, reader.info.height) == (64, 48) and len(units) == 4
+    codec = Codec(reader.info.codec)
+    context = av.CodecContext.create(DECODER[codec], "r")
+    frames = [frame for unit in units for frame in context.decode(av.Packet(unit.data))] + list(context.decode(None))
+    with av.open(str(path)) as given:
+        reference = list(given.decode(video=0))
+    assert len(frames) == 4 and all(samples(a) == samples(b) for a, b in zip(frames, reference))
+
+
+def samples(frame) -> list[bytes]:
+    """Each plane's samples without the padding at the end of its rows (any format)."""
+    wide = 2 if frame.format.components[0].bits > 8 else 1
+    return [np.frombuffer(bytes(plane), np.uint8).reshape(-1, plane.line_size)[:plane.height, :plane.width * wide]
+            .tobytes() for plane in frame.planes]
+
+
+def test_a_cut_short_sps_is_an_error_not_a_guess():
+    from yoloedge.sources.demux_sps import sps_layout
+    with pytest.raises(ValueError, match="cut short"):
+        sps_layout(Codec.H265, b"\x42\x01\x01\x01")
+    assert sps_layout(Codec.H264, b"\x67\x42\x00\x1e\xf4") == (Chroma.YUV420, 8)  # Baseline: no fields, 4:2:0

@@ -15,10 +15,12 @@ paces them by `nominal_fps`; each unit's `pts_s` is its media time from the file
 continuing across `loop`'s passes (the file is opened again at its end). For RTSP, `pts_s` is the
 stream's own time.
 
-Decoding: nothing in this module decodes. Opening a stream runs FFmpeg's
-`avformat_find_stream_info`, which for H.264 decodes a few frames inside libavformat to learn the
-pixel format and the reordering delay (once per connection, as for every decoder; UNCONFIRMED how
-many it decodes on a given stream: until it has guessed the delay, 7 at most by FFmpeg's source).
+Decoding: none, not even while opening. FFmpeg's `avformat_find_stream_info` would decode a
+stream's first frames (H.264: until it has guessed the reordering delay) to learn the pixel format;
+it is told to skip every frame (`skip_frame`), the chroma format and bit depth are read from the
+SPS (`demux_sps`), and a live stream is probed for `LIVE_ANALYZE_S` only (without decoding, FFmpeg
+would read its full default of 5 s). Size, profile, level and frame rate are FFmpeg's, from its
+parser and the container.
 
 Errors are the sources': `SourceError` (`UnsupportedSourceError` where retrying cannot help), with
 FFmpeg's text and a redacted URL, never PyAV's exception text. One thread uses a reader.
@@ -36,6 +38,7 @@ from typing import Any, Callable, Iterator
 from ..redact import redact_url
 from .base import DEFAULT_FILE_FPS, SourceError, SourceKind, UnsupportedSourceError, local_path, source_kind
 from .demux_layout import Chroma, pix_fmt_layout
+from .demux_sps import layout_pix_fmt, sps_layout
 from .demux_nal import Codec, ParameterSets, extradata_parameter_sets, length_prefixed, split_annexb, starts_annexb
 from .pyav import _stream_fps, ffmpeg_reason, load_av
 
@@ -43,6 +46,12 @@ log = logging.getLogger(__name__)
 
 #: FFmpeg's decoder names for the codecs the card decodes, and their bitstream filters
 _CODECS = {"h264": Codec.H264, "hevc": Codec.H265}
+#: FFmpeg opens a stream without decoding any of it (its probe would decode H.264 frames to learn
+#: the pixel format, read here from the SPS instead: `demux_sps`)
+PROBE_OPTIONS = {"skip_frame": "all"}
+#: how much of a live stream FFmpeg reads while it opens it: without decoding, FFmpeg never
+#: finishes guessing H.264's reordering delay, and would read its default 5 s every time
+LIVE_ANALYZE_S = 0.5
 #: an open that fails after this fraction of its timeout was given up by the interrupt
 OPEN_TIMED_OUT_FRACTION = 0.95
 _TO_ANNEXB = {Codec.H264: "h264_mp4toannexb", Codec.H265: "hevc_mp4toannexb"}
@@ -112,6 +121,7 @@ class AccessUnitReader:
         self._pass_start_s = 0.0  # media time of this pass's first unit (loops add up)
         self._start_pts: int | None = None
         self._last_s = 0.0  # the latest presentation time handed out (files)
+        self._told_sps = False
         self._open()
 
     # -- opening -----------------------------------------------------------------------------------
@@ -119,7 +129,9 @@ class AccessUnitReader:
         av = self._av
         if self.kind is SourceKind.FILE and not os.path.isfile(self._target):
             raise SourceError(f"{self.description}: no such file")
-        options = {"rtsp_transport": "tcp"} if self.kind is SourceKind.RTSP else {}
+        options = dict(PROBE_OPTIONS)
+        if self.kind is SourceKind.RTSP:
+            options.update(rtsp_transport="tcp", analyzeduration=str(int(LIVE_ANALYZE_S * 1e6)))
         started = self._clock()
         try:
             container = av.open(self._target, mode="r", options=options,
@@ -149,9 +161,6 @@ class AccessUnitReader:
         if context is None:
             raise UnsupportedSourceError(f"{self.description}: FFmpeg has no decoder for its video codec, so it "
                                          f"cannot describe it")
-        self.info = stream_info(stream)
-        self.nominal_fps = self.info.fps
-        self.frame_count = max(0, int(stream.frames or 0))
         codec = _CODECS.get(context.name)
         self._filter, self._sets = None, None
         if codec is not None:
@@ -162,11 +171,28 @@ class AccessUnitReader:
                 raise SourceError(f"{self.description}: {exc}") from None
             if length_prefixed(extradata):
                 self._filter = self._av.bitstream.BitStreamFilterContext(_TO_ANNEXB[codec], stream)
+        self.info = stream_info(stream, self._layout())
+        self.nominal_fps = self.info.fps
+        self.frame_count = max(0, int(stream.frames or 0))
         self._container, self._stream = container, stream
         self._packets = container.demux(stream)  # the other streams are discarded, never read
         self._ready.clear()
         self._ended = False
         self._start_pts = None
+
+    def _layout(self) -> tuple[Chroma, int] | None:
+        """The chroma format and bit depth the latest SPS states; None before one came (or when it
+        does not parse: the log says so once)."""
+        sps = self._sets.sps() if self._sets is not None else None
+        if sps is None or self._sets is None:
+            return None
+        try:
+            return sps_layout(self._sets.codec, sps)
+        except ValueError as exc:
+            if not self._told_sps:
+                self._told_sps = True
+                log.warning("%s: %s", self.description, exc, extra={"camera": self.camera})
+            return None
 
     # -- reading -----------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[AccessUnit]:
@@ -233,6 +259,10 @@ class AccessUnitReader:
                 return False
             keyframe = bool(packet.is_keyframe) or sets.is_keyframe(split_annexb(data))
             self._ready.append(AccessUnit(sets.prepare(data, keyframe), self._pts_s(packet), keyframe))
+        if self.info.chroma is None and self._sets is not None and self._sets.sps() is not None:
+            layout = self._layout()  # the stream's first SPS came in-band (none in the SDP)
+            if layout is not None:
+                self.info = stream_info(self._stream, layout)
         return bool(packets)
 
     def _pts_s(self, packet: Any) -> float | None:
@@ -295,13 +325,17 @@ class AccessUnitReader:
         self.close()
 
 
-def stream_info(stream: Any) -> StreamInfo:
-    """What a PyAV video stream says about itself, without decoding (`StreamInfo`)."""
+def stream_info(stream: Any, layout: tuple[Chroma, int] | None = None) -> StreamInfo:
+    """What a PyAV video stream says about itself, without decoding (`StreamInfo`); `layout`, the
+    SPS's chroma format and bit depth, goes before the pixel format FFmpeg names (which it knows
+    only when its probe decoded), and names it where FFmpeg does not."""
     context = stream.codec_context
     name = context.name
     codec = _CODECS[name].value if name in _CODECS else name
     pix_fmt = context.format.name if context.format is not None else None
-    chroma, bit_depth = pix_fmt_layout(pix_fmt)
+    chroma, bit_depth = pix_fmt_layout(pix_fmt) if layout is None else layout
+    if pix_fmt is None and chroma is not None and bit_depth is not None:
+        pix_fmt = layout_pix_fmt(chroma, bit_depth)
     level = getattr(context, "level", None)
     return StreamInfo(codec=codec, profile=context.profile, level=int(level) if level and level > 0 else None,
                       pix_fmt=pix_fmt, width=int(context.width), height=int(context.height),

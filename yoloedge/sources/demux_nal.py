@@ -30,6 +30,7 @@ class Codec(str, Enum):
 #: NAL unit types: parameter sets in the order they go in front of a keyframe, access unit
 #: delimiters, and the types of a keyframe's slices (H.264 IDR; H.265 IRAP: BLA, IDR, CRA)
 PARAMETER_TYPES = {Codec.H264: (7, 8), Codec.H265: (32, 33, 34)}
+SPS_TYPE = {Codec.H264: 7, Codec.H265: 33}
 DELIMITER_TYPE = {Codec.H264: 9, Codec.H265: 35}
 KEY_SLICE_TYPES = {Codec.H264: frozenset({5}), Codec.H265: frozenset(range(16, 22))}
 START_CODE = b"\x00\x00\x00\x01"
@@ -150,6 +151,10 @@ class ParameterSets:
             return data
         lead = 1 if nals and nal_type(self.codec, nals[0]) == DELIMITER_TYPE[self.codec] else 0
         return join_annexb(nals[:lead] + missing + nals[lead:])
+
+    def sps(self) -> bytes | None:
+        """The latest sequence parameter set."""
+        return self._latest.get(SPS_TYPE[self.codec])
 
     def complete(self) -> bool:
         """Whether a set of every kind is known (a keyframe can be made decodable on its own)."""
