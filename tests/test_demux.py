@@ -196,8 +196,8 @@ def test_nothing_is_decoded(av, clips):
     demux_s = time.thread_time() - started
     started = time.thread_time()
     with av.open(str(path)) as container:
-        container.streams.video[0].thread_type = "SLICE"
-        container.streams.video[0].codec_context.thread_count = 1
+        context = container.streams.video[0].codec_context
+        context.thread_type, context.thread_count = "SLICE", 1  # every frame decoded on this thread
         decoded = sum(1 for _ in container.decode(video=0))
     decode_s = time.thread_time() - started
     assert decoded == 314 and demux_s < decode_s / 4, (demux_s, decode_s)
@@ -264,6 +264,19 @@ def test_a_frozen_rtsp_camera_is_a_read_timeout(av, rtsp_server):
             assert "read timed out" in (reader.error or ""), reader.error
         finally:
             rtsp_server.resume()
+    finally:
+        reader.close()
+
+
+def test_a_killed_rtsp_server_ends_the_stream_as_an_error(av, rtsp_server):
+    reader = AccessUnitReader(rtsp_server.url(), open_timeout_s=5.0, read_timeout_s=3.0)
+    try:
+        assert reader.read() is not None, reader.error
+        rtsp_server.kill()
+        started = time.monotonic()
+        while reader.read() is not None:
+            assert time.monotonic() - started < 30
+        assert not reader.eof and reader.error, reader.error
     finally:
         reader.close()
 
