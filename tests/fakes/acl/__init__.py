@@ -48,7 +48,7 @@ Real behaviours modelled (API fact sheet sections 1 and 9):
   warns as the current pyACL does; bytes_to_ptr of a bytes object.
 """
 
-from . import _fake, mdl, rt, util  # noqa: F401  (submodules are attributes, as in pyACL)
+from . import _fake, mdl, media, rt, util  # noqa: F401  (submodules are attributes, as in pyACL)
 from ._fake import FAILURE, INVALID_PARAM, REPEAT_FINALIZE, REPEAT_INITIALIZE, Refused, api, need_int
 
 
