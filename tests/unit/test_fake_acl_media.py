@@ -3,6 +3,7 @@ and leak accounting that make a daemon test of the `decoder: dvpp` path mean som
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -371,4 +372,174 @@ def test_dvpp_memory_counts_and_types(card):
     assert acl.media.dvpp_get_pic_desc_width(12345) == 0  # unknown handle: the getter's 0
     assert acl.media.dvpp_destroy_stream_desc(12345) == INVALID_PARAM
     assert acl.util.stop_thread(99) == 3
+    _teardown(ctx, stream)
+
+
+def _identity_onnx(path: Path, h: int, w: int) -> Path:
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["images"], ["out"])], "identity",
+                              [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, h, w])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 3, h, w])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def _om(tmp_path: Path, onnx_path: Path, aipp, name: str) -> str:
+    om = tmp_path / name
+    om.write_bytes(b"fake om")
+    (tmp_path / f"{name}.fake.json").write_text(json.dumps({"onnx": str(onnx_path), "batch": 1, "aipp": aipp}))
+    return str(om)
+
+
+def test_yuv420sp_aipp_model_takes_nv12_from_dvpp_and_sees_atc_rgb(card, tmp_path):
+    ctx, stream = card
+    h, w = 16, 32
+    onnx_path = _identity_onnx(tmp_path / "id.onnx", h, w)
+    yuv_model, ret = acl.mdl.load_from_file(_om(tmp_path, onnx_path, "yuv420sp", "yuv.om"))
+    assert ret == 0
+    rgb_model, _ = acl.mdl.load_from_file(_om(tmp_path, onnx_path, True, "rgb.om"))
+    plain_model, _ = acl.mdl.load_from_file(_om(tmp_path, onnx_path, False, "plain.om"))
+    desc = acl.mdl.create_desc()
+    assert acl.mdl.get_desc(desc, yuv_model) == 0
+    assert acl.mdl.get_input_size_by_index(desc, 0) == h * w * 3 // 2
+    dims, ret = acl.mdl.get_input_dims(desc, 0)
+    assert ret == 0 and dims["dims"] == [1, h, w, 3]
+    info, ret = acl.mdl.get_first_aipp_info(yuv_model, 0)
+    assert ret == 0 and info["inputFormat"] == 1 and info["cscSwitch"] == 1 and info["matrixR1C1"] == -100
+    assert "matrixR0C2" not in info  # pyACL's wrapper does not hand it out
+    info, ret = acl.mdl.get_first_aipp_info(rgb_model, 0)
+    assert ret == 0 and info["inputFormat"] == 3 and info["cscSwitch"] == 0
+    assert acl.mdl.get_first_aipp_info(plain_model, 0) == (None, 145015)
+
+    rng = np.random.default_rng(7)
+    bgr = rng.integers(0, 256, (h, w, 3), np.uint8)
+    bgr = cv2.GaussianBlur(bgr, (5, 5), 0)
+    nv12 = _nv12_of(bgr)
+    src = _to_dvpp(nv12.tobytes())  # the model reads DVPP memory directly
+    out, _ = acl.rt.malloc(3 * h * w * 4, 0)
+    ins, outs = acl.mdl.create_dataset(), acl.mdl.create_dataset()
+    in_buf, out_buf = acl.create_data_buffer(src, nv12.size), acl.create_data_buffer(out, 3 * h * w * 4)
+    acl.mdl.add_dataset_buffer(ins, in_buf)
+    acl.mdl.add_dataset_buffer(outs, out_buf)
+    assert acl.mdl.execute(yuv_model, ins, outs) == 0
+    got = (_read(out, 3 * h * w * 4).view(np.float32).reshape(3, h, w).transpose(1, 2, 0) * 255).round()
+    expected = cv2.cvtColor(nv12, cv2.COLOR_YUV2RGB_NV12).astype(np.float32)
+    assert np.abs(got - expected).max() <= 2  # ATC's integer CSC vs OpenCV's, both BT.601 limited
+    for cleanup in (lambda: acl.destroy_data_buffer(in_buf), lambda: acl.destroy_data_buffer(out_buf),
+                    lambda: acl.mdl.destroy_dataset(ins), lambda: acl.mdl.destroy_dataset(outs),
+                    lambda: acl.mdl.destroy_desc(desc), lambda: acl.mdl.unload(yuv_model),
+                    lambda: acl.mdl.unload(rgb_model), lambda: acl.mdl.unload(plain_model),
+                    lambda: acl.media.dvpp_free(src), lambda: acl.rt.free(out)):
+        assert cleanup() == 0
+    _teardown(ctx, stream)
+
+
+def test_vdec_skipped_frames_nv21_and_a_stream_after_eos(card):
+    ctx, stream = card
+    units = _annexb_units(_need("street_people_720p.mp4"), 6)
+    calls: list[tuple] = []
+
+    def callback(input_desc, output_desc, user_data):
+        fmt = acl.media.dvpp_get_pic_desc_format(output_desc) if output_desc else None
+        code = acl.media.dvpp_get_pic_desc_ret_code(output_desc) if output_desc else None
+        calls.append((user_data, output_desc != 0, fmt, code))
+        acl.media.dvpp_destroy_stream_desc(input_desc)
+
+    loop = ReportLoop(ctx)
+    desc = _vdec_channel(loop.tid, callback)
+    assert acl.media.vdec_set_channel_desc_out_pic_format(desc, 2) == 0  # NV21
+    assert acl.media.vdec_create_channel(desc) == 0
+    config = acl.media.vdec_create_frame_config()
+    size = 1280 * 720 * 3 // 2
+    outs, pics, bufs = [], [], []
+    for round_ in range(2):  # a second stream after the first one's EOS
+        for i, unit in enumerate(units):
+            buf = _to_dvpp(unit)
+            bufs.append(buf)
+            sd = acl.media.dvpp_create_stream_desc()
+            acl.media.dvpp_set_stream_desc_data(sd, buf)
+            acl.media.dvpp_set_stream_desc_size(sd, len(unit))
+            if i % 2:
+                assert acl.media.vdec_send_skipped_frame(desc, sd, config, (round_, i)) == 0
+                continue
+            out, _ = acl.media.dvpp_malloc(size)
+            pd = _pic(out, size, 0, 0, 0, 0, fmt=NV12)
+            assert acl.media.vdec_send_frame(desc, sd, pd, config, (round_, i)) == INVALID_PARAM  # NV12 vs NV21
+            acl.media.dvpp_set_pic_desc_format(pd, 2)
+            assert acl.media.vdec_send_frame(desc, sd, pd, config, (round_, i)) == 0
+            outs.append(out)
+            pics.append(pd)
+        eos = acl.media.dvpp_create_stream_desc()
+        acl.media.dvpp_set_stream_desc_eos(eos, 1)
+        assert acl.media.vdec_send_frame(desc, eos, 0, config, (round_, "eos")) == 0
+    assert acl.media.vdec_destroy_channel(desc) == 0  # waits for the callbacks on the report thread
+    loop.stop()
+    assert [c[0] for c in calls] == [(r, i) for r in range(2) for i in [*range(6), "eos"]]
+    assert all(c[1:] == (True, 2, 0) for c in calls if c[0][1] in (0, 2, 4))
+    assert all(c[1] is False for c in calls if c[0][1] in (1, 3, 5, "eos"))
+    assert _fake.report()["media"]["devices"]["0"]["vdec_frames"] == 6
+    for pd in pics:
+        assert acl.media.dvpp_destroy_pic_desc(pd) == 0
+    for buf in outs + bufs:
+        assert acl.media.dvpp_free(buf) == 0
+    assert acl.media.vdec_destroy_channel_desc(desc) == 0
+    assert acl.media.vdec_destroy_frame_config(config) == 0
+    _teardown(ctx, stream)
+
+
+def test_report_threads_follow_pyacl(card):
+    ctx, stream = card
+    assert acl.rt.process_report(10) == 107012  # nothing subscribed to this thread
+    assert acl.rt.process_report(0) == RT_PARAM_INVALID
+    seen = []
+
+    def boom(args):
+        seen.append(args)
+        raise ValueError("in the thread")
+
+    tid, ret = acl.util.start_thread(boom, [1, 2])
+    assert ret == 0
+    with pytest.raises(RuntimeError, match="exception=ValueError,msg=thread call failed;"):
+        acl.util.stop_thread(tid)
+    assert seen == [[1, 2]]  # func(args), the list itself
+    stop = threading.Event()
+    tid, _ = acl.util.start_thread(lambda: stop.wait(5), None)  # args None: func()
+    assert acl.rt.subscribe_report(tid, stream) == 0
+    assert acl.rt.subscribe_report(tid, stream) == 107011
+    assert acl.rt.unsubscribe_report(tid, stream) == 0
+    _fake.STATE.media.wait_bound_s = 0.2
+    with pytest.raises(RuntimeError, match="would block forever"):
+        acl.util.stop_thread(tid)  # joins: the function has not returned
+    stop.set()
+    assert acl.util.stop_thread(tid) == 0
+    _teardown(ctx, stream)
+
+
+def test_vpc_resize_scales_the_whole_picture(card):
+    ctx, stream = card
+    bgr = cv2.resize(cv2.imread(str(_need("bus.jpg"))), (320, 240))
+    nv12 = _nv12_of(bgr)
+    src = _to_dvpp(nv12.tobytes())
+    dst, _ = acl.media.dvpp_malloc(160 * 120 * 3 // 2)
+    in_pd = _pic(src, nv12.size, 320, 240, 320, 240)
+    out_pd = _pic(dst, 160 * 120 * 3 // 2, 160, 120, 160, 120)
+    channel = acl.media.dvpp_create_channel_desc()
+    assert acl.media.dvpp_vpc_resize_async(channel, in_pd, out_pd, 0, stream) == INVALID_PARAM  # not created
+    assert acl.media.dvpp_create_channel(channel) == 0
+    assert acl.media.dvpp_vpc_resize_async(channel, in_pd, out_pd, 0, stream) == INVALID_PARAM  # no resize config
+    cfg = acl.media.dvpp_create_resize_config()
+    assert acl.media.dvpp_vpc_resize_async(channel, in_pd, out_pd, cfg, stream) == 0
+    assert acl.rt.synchronize_stream(stream) == 0
+    out = _read(dst, 160 * 180).reshape(180, 160)
+    want = cv2.resize(nv12[:240], (160, 120), interpolation=cv2.INTER_LINEAR)
+    assert np.abs(out[:120].astype(int) - want).max() <= 1
+    for cleanup in (lambda: acl.media.dvpp_destroy_resize_config(cfg), lambda: acl.media.dvpp_destroy_pic_desc(in_pd),
+                    lambda: acl.media.dvpp_destroy_pic_desc(out_pd), lambda: acl.media.dvpp_destroy_channel(channel),
+                    lambda: acl.media.dvpp_destroy_channel_desc(channel), lambda: acl.media.dvpp_free(src),
+                    lambda: acl.media.dvpp_free(dst)):
+        assert cleanup() == 0
     _teardown(ctx, stream)

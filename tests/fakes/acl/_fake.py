@@ -149,6 +149,7 @@ class ModelSpec:
     onnx_input_dtype: np.dtype
     onnx_batch_fixed: bool  # True: the ONNX takes one image at a time
     onnx_outputs: list  # names in the order of `outputs`
+    aipp_format: str = ""  # "" (no AIPP), "rgb" (RGB888_U8) or "yuv420sp" (YUV420SP_U8, NV12 in)
 
 
 @dataclass
