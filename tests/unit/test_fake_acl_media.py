@@ -220,6 +220,69 @@ def test_vdec_destroy_without_a_running_report_thread_is_refused_not_hung(card):
     assert acl.media.dvpp_free(out) == INVALID_PARAM
     assert acl.media.vdec_destroy_channel(desc) == FAILURE
     assert any("report thread is not running" in r[2] for r in _fake.STATE.refusals)
+    # the undelivered callbacks are dropped: the descriptions and buffers are the caller's again
+    for cleanup in (lambda: acl.media.dvpp_destroy_pic_desc(pd), lambda: acl.media.dvpp_free(out),
+                    lambda: acl.media.dvpp_destroy_stream_desc(sd), lambda: acl.media.dvpp_free(buf),
+                    lambda: acl.media.vdec_destroy_channel_desc(desc),
+                    lambda: acl.media.vdec_destroy_frame_config(config)):
+        assert cleanup() == 0
+    _teardown(ctx, stream)
+
+
+def test_vdec_takes_any_running_thread_as_report_thread(card):
+    """A pthread id is all VDEC is given: a plain Python thread that loops on process_report works."""
+    ctx, stream = card
+    units = _annexb_units(_need("street_people_720p.mp4"), 2)
+    done = threading.Event()
+    running = threading.Event()
+    running.set()
+    calls = []
+
+    def loop():
+        acl.rt.set_context(ctx)
+        while running.is_set():
+            if acl.rt.process_report(20) == 107012:
+                time.sleep(0.005)
+
+    worker = threading.Thread(target=loop)
+    worker.start()
+
+    def callback(input_desc, output_desc, user_data):
+        calls.append((threading.get_ident(), user_data))
+        if user_data == "eos":
+            done.set()
+
+    desc = _vdec_channel(worker.ident, callback)
+    assert acl.media.vdec_create_channel(desc) == 0
+    config = acl.media.vdec_create_frame_config()
+    bufs, descs = [], []
+    for i, unit in enumerate(units):
+        buf = _to_dvpp(unit)
+        sd = acl.media.dvpp_create_stream_desc()
+        acl.media.dvpp_set_stream_desc_data(sd, buf)
+        acl.media.dvpp_set_stream_desc_size(sd, len(unit))
+        out, _ = acl.media.dvpp_malloc(1280 * 720 * 3 // 2)
+        pd = _pic(out, 1280 * 720 * 3 // 2, 0, 0, 0, 0)
+        assert acl.media.vdec_send_frame(desc, sd, pd, config, i) == 0
+        assert acl.media.dvpp_destroy_stream_desc(sd) == INVALID_PARAM  # VDEC's until the callback
+        bufs += [buf, out]
+        descs.append((sd, pd))
+    eos = acl.media.dvpp_create_stream_desc()
+    acl.media.dvpp_set_stream_desc_eos(eos, 1)
+    assert acl.media.vdec_send_frame(desc, eos, 0, config, "eos") == 0
+    assert done.wait(20)
+    assert acl.media.vdec_destroy_channel(desc) == 0
+    running.clear()
+    worker.join()
+    assert calls == [(worker.ident, 0), (worker.ident, 1), (worker.ident, "eos")]
+    for sd, pd in descs:
+        assert acl.media.dvpp_destroy_stream_desc(sd) == 0 and acl.media.dvpp_destroy_pic_desc(pd) == 0
+    for buf in bufs:
+        assert acl.media.dvpp_free(buf) == 0
+    for cleanup in (lambda: acl.media.dvpp_destroy_stream_desc(eos), lambda: acl.media.vdec_destroy_channel_desc(desc),
+                    lambda: acl.media.vdec_destroy_frame_config(config)):
+        assert cleanup() == 0
+    _teardown(ctx, stream)
 
 
 def test_vdec_channel_rules(card):
@@ -541,5 +604,50 @@ def test_vpc_resize_scales_the_whole_picture(card):
                     lambda: acl.media.dvpp_destroy_pic_desc(out_pd), lambda: acl.media.dvpp_destroy_channel(channel),
                     lambda: acl.media.dvpp_destroy_channel_desc(channel), lambda: acl.media.dvpp_free(src),
                     lambda: acl.media.dvpp_free(dst)):
+        assert cleanup() == 0
+    _teardown(ctx, stream)
+
+
+def test_vdec_garbage_gets_a_failed_callback_and_jpegd_refuses_non_jpeg(card):
+    ctx, stream = card
+    codes = []
+    done = threading.Event()
+
+    def callback(input_desc, output_desc, user_data):
+        if output_desc:
+            codes.append(acl.media.dvpp_get_pic_desc_ret_code(output_desc))
+        if user_data == "eos":
+            done.set()
+
+    loop = ReportLoop(ctx)
+    desc = _vdec_channel(loop.tid, callback)
+    assert acl.media.vdec_create_channel(desc) == 0
+    config = acl.media.vdec_create_frame_config()
+    garbage = bytes(range(256)) * 8
+    buf = _to_dvpp(garbage)
+    sd = acl.media.dvpp_create_stream_desc()
+    acl.media.dvpp_set_stream_desc_data(sd, buf)
+    acl.media.dvpp_set_stream_desc_size(sd, len(garbage))
+    out, _ = acl.media.dvpp_malloc(64 * 64 * 3 // 2)
+    pd = _pic(out, 64 * 64 * 3 // 2, 0, 0, 0, 0)
+    assert acl.media.vdec_send_frame(desc, sd, pd, config, 0) == 0
+    eos = acl.media.dvpp_create_stream_desc()
+    acl.media.dvpp_set_stream_desc_eos(eos, 1)
+    assert acl.media.vdec_send_frame(desc, eos, 0, config, "eos") == 0
+    assert done.wait(20)
+    assert codes == [1]  # "decode failed"
+    assert acl.media.vdec_destroy_channel(desc) == 0
+    loop.stop()
+
+    channel = acl.media.dvpp_create_channel_desc()
+    assert acl.media.dvpp_create_channel(channel) == 0
+    assert acl.media.dvpp_jpeg_decode_async(channel, buf, len(garbage), pd, stream) == INVALID_PARAM
+    assert acl.media.dvpp_jpeg_get_image_info(buf, len(garbage)) == (0, 0, 0, INVALID_PARAM)
+    for cleanup in (lambda: acl.media.dvpp_destroy_channel(channel),
+                    lambda: acl.media.dvpp_destroy_channel_desc(channel), lambda: acl.media.dvpp_destroy_pic_desc(pd),
+                    lambda: acl.media.dvpp_destroy_stream_desc(sd),
+                    lambda: acl.media.dvpp_destroy_stream_desc(eos), lambda: acl.media.dvpp_free(out),
+                    lambda: acl.media.dvpp_free(buf), lambda: acl.media.vdec_destroy_channel_desc(desc),
+                    lambda: acl.media.vdec_destroy_frame_config(config)):
         assert cleanup() == 0
     _teardown(ctx, stream)

@@ -135,6 +135,13 @@ class Callback:
         self.channel, self.send = channel, send
         self.failed = ""
 
+    def start(self, state) -> None:
+        """Under the lock, just before the callback: the descriptions are the user's again."""
+        for table, handle in ((state.media.stream_descs, self.send.stream_desc),
+                              (state.media.pic_descs, self.send.pic_desc)):
+            if handle in table:
+                table[handle].owner = None
+
     def run(self) -> None:
         try:
             self.channel.callback(self.send.stream_desc, self.send.pic_desc, self.send.user_data)
@@ -171,12 +178,20 @@ def dvpp_malloc(state, size):
 @api("acl.media.dvpp_free", "ret")
 def dvpp_free(state, ptr):
     need_int(ptr)
-    for channel in state.media.vdec_descs.values():
-        for send in channel.pending:
-            pic = state.media.pic_descs.get(send.pic_desc)
-            if pic is not None and pic.data == ptr:
-                raise Refused(INVALID_PARAM, "dvpp_free of an output buffer VDEC still owns (before its callback)")
+    if any(pic.owner is not None and pic.data == ptr for pic in state.media.pic_descs.values()):
+        raise Refused(INVALID_PARAM, "dvpp_free of an output buffer VDEC still owns (before its callback)")
     state.free(ptr, "dvpp")
+
+
+def live_thread(state, thread_id: int):
+    """The running thread with this id: one of acl.util.start_thread's, or any other Python thread
+    (a pthread id is all the card is given; threading.get_ident() is the pthread id on Linux)."""
+    import threading
+
+    worker = state.media.threads.get(thread_id)
+    if worker is not None:
+        return worker.thread if worker.alive() else None
+    return next((t for t in threading.enumerate() if t.ident == thread_id and t.is_alive()), None)
 
 
 def _dvpp_region(state, ptr: int, size: int, device: int | None, what: str):

@@ -295,6 +295,8 @@ def process_report(timeout):
                 return _fake.RT_REPORT_TIMEOUT
             media.cond.wait(left)
         batch, media.reports[tid] = media.reports[tid], []
+        for item in batch:
+            item.start(state)
     for item in batch:
         item.run()  # the user's callback, on this thread, without the lock (it calls acl itself)
     with state.lock:
@@ -309,9 +311,10 @@ def subscribe_report(state, thread_id, stream):
     need_int(thread_id, stream)
     if stream not in state.streams:
         raise Refused(RT_PARAM_INVALID, "unknown stream")
-    worker = state.media.threads.get(thread_id)
-    if worker is None or not worker.alive():
-        raise Refused(107012, f"thread {thread_id} is not a running acl.util thread")
+    from .media import live_thread
+
+    if live_thread(state, thread_id) is None:
+        raise Refused(107012, f"thread {thread_id} is not a running thread")
     if stream in state.media.subscriptions:
         raise Refused(107011, "the stream is already subscribed")
     state.media.subscriptions[stream] = thread_id

@@ -18,7 +18,7 @@ import time
 from . import _fake
 from ._fake import FAILURE, INVALID_PARAM, RT_THREAD_SUBSCRIBE, Refused, api, need_int
 from .media import (NV12, NV21, RET_DECODE_FAILED, RET_OUTPUT_SIZE, VDEC_CHANNEL_IDS, Callback, Send, VdecChannel,
-                    _align, _dvpp_region, _pic, _sdesc)
+                    _align, _dvpp_region, _pic, _sdesc, live_thread)
 
 _CODECS = {0: "hevc", 1: "h264", 2: "h264", 3: "h264"}
 
@@ -126,9 +126,8 @@ def vdec_create_channel(state, desc):
     device = state.contexts[state.current_context()].device
     if not channel.callback_set:
         raise Refused(INVALID_PARAM, "vdec_create_channel without a callback")
-    worker = state.media.threads.get(channel.thread_id)
-    if worker is None or not worker.alive():
-        raise Refused(RT_THREAD_SUBSCRIBE, f"thread_id {channel.thread_id} is not a running acl.util thread")
+    if live_thread(state, channel.thread_id) is None:
+        raise Refused(RT_THREAD_SUBSCRIBE, f"thread_id {channel.thread_id} is not a running thread")
     if channel.channel_id not in VDEC_CHANNEL_IDS:
         raise Refused(INVALID_PARAM, f"vdec channel id {channel.channel_id} outside 0..255")
     live = [c for c in state.media.vdec_descs.values() if c.created and c.device == device]
@@ -148,7 +147,7 @@ def _own(state, send: Send, owner) -> None:
 
 
 def _queue_callback(state, channel: VdecChannel, send: Send) -> None:
-    _own(state, send, None)
+    _own(state, send, channel)  # VDEC's until the callback starts (Callback.start)
     state.media.reports.setdefault(channel.thread_id, []).append(Callback(channel, send))
     channel.outstanding += 1
     state.media.cond.notify_all()
@@ -292,9 +291,9 @@ def vdec_destroy_channel(channel_desc):
             _flush(state, channel)
         except Refused as refused:
             return _fake.record(state, name, refused.code, str(refused))
-        worker = state.media.threads.get(channel.thread_id)
+        worker = live_thread(state, channel.thread_id)
         deadline = time.monotonic() + state.media.wait_bound_s
-        while channel.outstanding and worker is not None and worker.alive():
+        while channel.outstanding and worker is not None and worker.is_alive():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -302,8 +301,10 @@ def vdec_destroy_channel(channel_desc):
         code = 0
         if channel.outstanding:
             queue = state.media.reports.get(channel.thread_id, [])
+            for dropped in (c for c in queue if c.channel is channel):
+                dropped.start(state)  # the descriptions go back to the user, uncalled
             state.media.reports[channel.thread_id] = [c for c in queue if c.channel is not channel]
-            why = ("its report thread is not running" if worker is None or not worker.alive()
+            why = ("its report thread is not running" if worker is None or not worker.is_alive()
                    else f"its report thread did not run them within {state.media.wait_bound_s} s")
             code = _fake.record(state, name, FAILURE, f"vdec_destroy_channel with {channel.outstanding} callbacks "
                                                       f"outstanding: {why} (the real call would hang)")
