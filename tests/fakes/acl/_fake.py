@@ -1,12 +1,17 @@
 """State and test controls of the fake pyACL (not part of the real `acl` API: tests import it as
-`acl._fake`). The public modules `acl`, `acl.rt`, `acl.mdl`, `acl.util` only call into here.
+`acl._fake`). The public modules `acl`, `acl.rt`, `acl.mdl`, `acl.media`, `acl.util` only call into here.
 
 Test controls:
-* `reset(devices=2, run_mode=ACL_HOST, util_helpers=ALL_UTIL, soc="Ascend310P3")`: a fresh process
-  (pyACL allows one `acl.init` per process, so every in-process test starts with one);
+* `reset(devices=2, run_mode=ACL_HOST, util_helpers=ALL_UTIL, soc="Ascend310P3", vdec_channels=32)`:
+  a fresh process (pyACL allows one `acl.init` per process, so every in-process test starts with
+  one); `vdec_channels` caps the VDEC channels one card runs at once (UNCONFIRMED for the 310P);
+  `STATE.media.wait_bound_s` (default 10) bounds the waits that would hang forever on a card
+  (stop_thread on a thread that never returns, vdec_destroy_channel without a report thread,
+  process_report(-1));
 * `fail(call, code, device=None, times=None)`: the next `times` calls of `call` on `device` (None:
   any) return `code` instead of running; calls that take faults: "acl.rt.set_device",
-  "acl.rt.malloc", "acl.rt.malloc_host", "acl.mdl.execute", "acl.mdl.execute_async";
+  "acl.rt.malloc", "acl.rt.malloc_host", "acl.mdl.execute", "acl.mdl.execute_async",
+  "acl.media.dvpp_malloc";
 * `hold(call, device=None, times=1)`: the next `times` calls of `call` on `device` block (a hung
   card) until the returned `Hold` is released, then run as usual; they wait outside the fake's
   lock, so the other cards go on. Only calls that name a device or a model take holds
@@ -15,8 +20,12 @@ Test controls:
 * `STATE.counts`: calls per function name; `STATE.errors`: every non-zero code returned, with the
   call; `STATE.refusals`: the same with the fake's reason (what the report calls misuse);
   `STATE.executed_gears`: the batch gear of every execution (`STATE.executed_models`: the model
-  id of each); `leaks()`: what is still held; `allocated(kind, device)`: bytes asked for in live
-  allocations ("device": acl.rt.malloc, "host": acl.rt.malloc_host), before the fake's rounding;
+  id of each); `leaks()`: what is still held (also dvpp memory and every acl.media description,
+  config and channel); `allocated(kind, device)`: bytes asked for in live allocations ("device":
+  acl.rt.malloc, "dvpp": acl.media.dvpp_malloc, "host": acl.rt.malloc_host), before the rounding;
+* `report()["media"]`: {"devices": {"<id>": {jpegd, vpc, vdec_frames, vdec_errors, vdec_callbacks,
+  vdec_channels_created/destroyed, dvpp_channels_created/destroyed, dvpp_mallocs,
+  dvpp_live_allocations, dvpp_live_bytes}}, "threads_running"} (keys appear once non-zero);
 * `report()` / `write_report()`: a JSON summary, written to $YOLOEDGE_FAKE_ACL_REPORT at every
   `acl.finalize` and at interpreter exit (a daemon that leaves through os._exit writes it at its
   finalize, which is what the tests check).

@@ -256,7 +256,8 @@ def _subscribed(state, tid) -> bool:
 def process_report(timeout):
     """aclrtProcessReport(timeout ms; -1: no limit): run the callbacks queued for this thread.
     0 when at least one ran, 507012 when none came in time, 107012 when nothing is subscribed to
-    this thread (a channel whose thread_id is this thread, or subscribe_report). Fake-only: a
+    this thread (a channel whose thread_id is this thread, or subscribe_report); 107002 on a thread
+    without a current context (the samples set one first; UNCONFIRMED that the card needs it). Fake-only: a
     timeout of -1 gives up after `STATE.media.wait_bound_s` (recorded as misuse); timeout 0 or
     below -1 is refused with 107000 (UNCONFIRMED)."""
     import threading
