@@ -74,6 +74,39 @@ def runtime_notes(config: Config, service_path: Sequence[str] = ()) -> list[str]
     clash = config_clash(a.backend for a in config.accelerators)
     if clash is not None:
         notes.append(f"ONNX Runtime: {clash}")
+    return notes + dvpp_notes(config)
+
+
+#: what a dvpp camera is assumed to send when its config does not cap it (`fps:`): the card's
+#: budget is counted in 1080p frames, and the stream's real size and rate are known only once it opens
+ASSUMED_DVPP_FPS = 30.0
+
+
+def dvpp_notes(config: Config) -> list[str]:
+    """Per Ascend accelerator with `decoder: dvpp` cameras: whether they fit its cards' VDEC
+    channels and decode budget, for each chip the card might be (the chip is asked only when the
+    daemon opens the card). Cameras are spread over the devices as the daemon spreads them (the
+    fewest first)."""
+    from ..backends.dvpp_limits import DVPP_LIMITS
+    notes = []
+    for accelerator in config.accelerators:
+        cameras = [c for c in config.cameras if c.enabled and c.decoder == "dvpp"
+                   and (c.accelerator or config.accelerators[0].name) == accelerator.name]
+        if accelerator.backend != "ascend" or not cameras:
+            continue
+        devices = max(1, len(accelerator.devices))
+        per_card = -(-len(cameras) // devices)
+        fps = sum(c.fps or ASSUMED_DVPP_FPS for c in cameras) / devices
+        for soc, limits in DVPP_LIMITS.items():
+            over = []
+            if per_card > limits.vdec_channels:
+                over.append(f"{per_card} cameras a card is more than its {limits.vdec_channels} VDEC channels")
+            if fps > limits.vdec_fps_1080p:
+                over.append(f"about {fps:.0f} frames/s a card (1080p, {ASSUMED_DVPP_FPS:g} a camera without fps:) "
+                            f"is more than its decode budget of {limits.vdec_fps_1080p}{limits.budget_note()}")
+            if over:
+                notes.append(f"accelerator {accelerator.name}: on an {soc}, {'; '.join(over)}: the cameras over "
+                             f"the channels fail, those over the budget drop frames; add devices or set fps:")
     return notes
 
 
