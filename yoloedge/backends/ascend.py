@@ -50,7 +50,7 @@ from ..errors import BackendError, ModelError
 from ..model.spec import DYNAMIC, ModelSpec
 from . import acl_runtime as rt
 from .acl_runtime import check, checked
-from .base import require_model_file
+from .base import BatchTiming, require_model_file
 from .device import DeviceTensor, PinnedDeviceBackend
 from .npu_smi import NPU_SMI
 
@@ -98,6 +98,7 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
 
     name = "ascend"
     fixed_when = "at conversion"
+    device_input_per_set = True
 
     def __init__(self, model_path: str, config: AscendConfig | None = None):
         config = config or AscendConfig()
@@ -116,8 +117,14 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         self._model_id: int | None = None
         self._desc = 0
         self._mbatch: Tensor | None = None  # ascend_mbatch_shape_data, dynamic-batch models only
-        self._input_dataset = 0
+        self._input_datasets: list[int] = []  # one per input set: each binds that set's device buffers
         self._output_dataset = 0
+        self._events: tuple[int, ...] = ()  # async: before copy-in, before execute, before copy-out, end
+        self._async_copies = False  # async with pinned views: copies queued on the stream too
+        self._model_soc: str | None = None  # the --soc_version the .om was built for, where found
+        self._cann = ""
+        self._problems: list[str] = []
+        self._profiler: rt.Profiling | None = None
         self._model_batch = 0  # the static batch, or the largest gear
         self._gears: tuple[int, ...] = ()  # usable dynamic-batch gears; () for a static batch
         self._gear_for: list[int] = []  # n -> gear to run a batch of n frames
@@ -142,6 +149,13 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         self._describe(max_batch)
         self._allocate(input_sets, output_sets)
         self._build_datasets()
+        if self._async_copies:
+            self._events = tuple(self._event(what) for what in ("copy-in", "execute", "copy-out", "end"))
+        if self.config.profile:
+            self._profiler = rt.Profiling.start(self.config.profile, self.config.device_id,
+                                                self.config.profile_batches, self.model_path)
+            if self._profiler is not None:
+                self._undo.push("stop profiling", self._profiler.stop)
         spec = self._spec = self._model_spec()
         log.info("loaded %s on %s: input %s %s%s, outputs %s", self.model_path, self.description,
                  spec.input.name, list(spec.input.shape), " (AIPP)" if self.aipp else "",
@@ -156,6 +170,7 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         check(acl.rt.set_context(shared.context), "acl.rt.set_context", f"device {device}")
         self._context, self._stream = shared.context, shared.stream
         self._memcpy_in, self._memcpy_out, self._soc = shared.memcpy_in, shared.memcpy_out, shared.soc
+        self._cann = shared.cann
 
     def _load_model(self) -> None:
         desc = acl.mdl.create_desc()
@@ -168,6 +183,22 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         self._model_id = model_id
         self._undo.push("unload model", lambda: check(acl.mdl.unload(model_id), "acl.mdl.unload"))
         check(acl.mdl.get_desc(desc, model_id), "acl.mdl.get_desc")
+        self._check_soc()
+
+    def _check_soc(self) -> None:
+        """Warn (log and status problem) when the .om names another SoC than this card's."""
+        self._model_soc = rt.model_soc(self.model_path)
+        if self._model_soc and self._soc and self._model_soc != self._soc:
+            problem = (f"{self.model_path} was converted for {self._model_soc} (--soc_version) but device "
+                       f"{self.config.device_id} is {self._soc}: convert it again with --soc_version={self._soc}")
+            log.warning("%s", problem)
+            self._problems.append(problem)
+
+    def _event(self, what: str) -> int:
+        """One event of the async timing, created once at open (destroyed at close)."""
+        event = checked(acl.rt.create_event(), "acl.rt.create_event", f"the {what} event")
+        self._undo.push(f"destroy {what} event", lambda: check(acl.rt.destroy_event(event), "acl.rt.destroy_event"))
+        return event
 
     # -- what the model wants ------------------------------------------------------------------
     def _describe(self, max_batch: int) -> None:
@@ -270,14 +301,18 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         frames, one per input set (the image input) and per output set (every output)."""
         self._allocate_sets(input_sets, output_sets)
         inp = self._image
-        if self._mbatch is not None:
-            self._mbatch.device_ptr = self._malloc(self._mbatch.device_bytes)
-        if any(h.staged for t in (inp, *self._outputs) for h in t.hosts):
+        if self._mbatch is not None:  # one per input set, as the dataset it belongs to
+            self._mbatch.device_ptrs = [self._malloc(self._mbatch.device_bytes) for _ in range(input_sets)]
+            self._mbatch.device_ptr = self._mbatch.device_ptrs[0]
+        staged = any(h.staged for t in (inp, *self._outputs) for h in t.hosts)
+        if staged:
             log.warning("%s: pyACL gives no shared numpy view of pinned memory here; every run copies "
-                        "through bytes (slower)", self.model_path)
-        for array in inp.arrays:
-            array[...] = 0
-        self._copy_input(inp, self._capacity, 0)  # padding slots of a gear start as zeros, not garbage
+                        "through bytes (slower%s)", self.model_path,
+                        "; execute: async runs its copies synchronously" if self.config.execute == "async" else "")
+        self._async_copies = self.config.execute == "async" and not staged
+        for input_set, array in enumerate(inp.arrays):
+            array[...] = 0  # padding slots of a gear start as zeros, not garbage
+            self._copy_in_now(inp, self._capacity, input_set)
 
     def _malloc(self, nbytes: int) -> int:
         ptr = checked(acl.rt.malloc(int(nbytes), rt.ACL_MEM_MALLOC_HUGE_FIRST), "acl.rt.malloc", f"{nbytes} bytes")
@@ -291,15 +326,16 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         return host, host.array
 
     def _build_datasets(self) -> None:
-        """Data buffers wrapping the device buffers, then one dataset for inputs, one for outputs."""
+        """Data buffers wrapping the device buffers, then one input dataset per input set (its own
+        image and batch-size buffers), one output dataset."""
         inputs = sorted([t for t in (self._input, self._mbatch) if t is not None], key=lambda t: t.index)
-        in_buffers = [self._data_buffer(t) for t in inputs]
-        out_buffers = [self._data_buffer(t) for t in self._outputs]
-        self._input_dataset = self._dataset(in_buffers)
+        in_buffers = [[self._data_buffer(t, t.device_ptrs[s]) for t in inputs] for s in range(len(self._image.hosts))]
+        out_buffers = [self._data_buffer(t, t.device_ptr) for t in self._outputs]
+        self._input_datasets = [self._dataset(buffers) for buffers in in_buffers]  # one per input set
         self._output_dataset = self._dataset(out_buffers)
 
-    def _data_buffer(self, tensor: Tensor) -> int:
-        buffer = acl.create_data_buffer(tensor.device_ptr, tensor.device_bytes)
+    def _data_buffer(self, tensor: Tensor, device_ptr: int) -> int:
+        buffer = acl.create_data_buffer(device_ptr, tensor.device_bytes)
         if not buffer:
             raise BackendError(f"acl.create_data_buffer returned no buffer for {tensor.name}")
         self._undo.push("destroy data buffer",
@@ -343,32 +379,86 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         """A dynamic-batch model runs the smallest gear >= n."""
         if self._mbatch is not None:
             gear = self._gear_for[n]
-            check(acl.mdl.set_dynamic_batch_size(self._model_id, self._input_dataset, self._mbatch.index, gear),
+            dataset = self._input_datasets[self._input_set]
+            check(acl.mdl.set_dynamic_batch_size(self._model_id, dataset, self._mbatch.index, gear),
                   "acl.mdl.set_dynamic_batch_size", f"batch {gear}")
 
     def _copy_input(self, inp: Tensor, n: int, input_set: int) -> None:
+        if not self._async_copies:
+            self._copy_in_now(inp, n, input_set)
+            return
+        count = n * inp.item_bytes
+        self._record(0)
+        check(acl.rt.memcpy_async(inp.device_ptrs[input_set], inp.device_bytes, inp.hosts[input_set].ptr, count,
+                                  self._memcpy_in, self._stream),
+              "acl.rt.memcpy_async", f"input {inp.name}, {count} bytes to the device")
+
+    def _copy_in_now(self, inp: Tensor, n: int, input_set: int) -> None:
+        """The synchronous copy of the first n frames of an input set to that set's device buffer."""
         host = inp.hosts[input_set]
         count = n * inp.item_bytes
         src, keep_alive = host.source(count)
         kind = rt.ACL_MEMCPY_HOST_TO_DEVICE if host.staged else self._memcpy_in
-        check(acl.rt.memcpy(inp.device_ptr, inp.device_bytes, src, count, kind), "acl.rt.memcpy",
+        check(acl.rt.memcpy(inp.device_ptrs[input_set], inp.device_bytes, src, count, kind), "acl.rt.memcpy",
               f"input {inp.name}, {count} bytes to the device")
         del keep_alive
 
     def _execute(self) -> None:
-        if self.config.execute == "async":
-            check(acl.mdl.execute_async(self._model_id, self._input_dataset, self._output_dataset, self._stream),
+        dataset = self._input_datasets[self._input_set]
+        if self._async_copies:
+            self._record(1)
+            check(acl.mdl.execute_async(self._model_id, dataset, self._output_dataset, self._stream),
+                  "acl.mdl.execute_async")
+            self._record(2)
+        elif self.config.execute == "async":  # staged copies: only the execution is queued
+            check(acl.mdl.execute_async(self._model_id, dataset, self._output_dataset, self._stream),
                   "acl.mdl.execute_async")
             check(acl.rt.synchronize_stream(self._stream), "acl.rt.synchronize_stream")
         else:
-            check(acl.mdl.execute(self._model_id, self._input_dataset, self._output_dataset), "acl.mdl.execute")
+            check(acl.mdl.execute(self._model_id, dataset, self._output_dataset), "acl.mdl.execute")
 
     def _copy_output(self, out: Tensor, n: int, output_set: int) -> None:
         host = out.hosts[output_set]
         count = n * out.item_bytes
+        if self._async_copies:
+            check(acl.rt.memcpy_async(host.ptr, host.nbytes, out.device_ptr, count, self._memcpy_out, self._stream),
+                  "acl.rt.memcpy_async", f"output {out.name}, {count} bytes from the device")
+            return
         check(acl.rt.memcpy(host.ptr, host.nbytes, out.device_ptr, count, self._memcpy_out),
               "acl.rt.memcpy", f"output {out.name}, {count} bytes from the device")
         host.landed(count)
+
+    def _synchronize(self) -> None:
+        """Async: wait for the event after the last copy-out (the stream runs in order, so every
+        copy and the execution before it are done); then count the batch for the profiler."""
+        if self._async_copies:
+            self._record(3)
+            check(acl.rt.synchronize_event(self._events[3]), "acl.rt.synchronize_event")
+        if self._profiler is not None and self._profiler.batch_done():
+            self._profiler = None
+
+    def _record(self, index: int) -> None:
+        check(acl.rt.record_event(self._events[index], self._stream), "acl.rt.record_event")
+
+    def _timing(self, host: tuple[float, float, float, float]) -> BatchTiming | None:
+        """Async: the device's own times between the events; sync: the host clock around each
+        synchronous call; async with staged copies: the whole run counts as execution."""
+        if self._async_copies:
+            ev = self._events
+            copy_in, execute, copy_out = (checked(acl.rt.event_elapsed_time(ev[i], ev[i + 1]),
+                                                  "acl.rt.event_elapsed_time") / 1000.0 for i in range(3))
+            return BatchTiming(copy_in, execute, copy_out, "events")
+        if self.config.execute == "sync":
+            return BatchTiming(host[1] - host[0], host[2] - host[1], host[3] - host[2], "host")
+        return super()._timing(host)
+
+    def runtime_info(self) -> dict | None:
+        """The CANN version, the card's SoC and the .om's, and what is wrong with them; no pyACL
+        call (read once at open), so any thread may ask."""
+        if self._spec is None:
+            return None
+        return {"cann": self._cann or None, "soc": self._soc or None, "model_soc": self._model_soc,
+                "problems": list(self._problems)}
 
     # -- telemetry -----------------------------------------------------------------------------
     def telemetry(self) -> dict | None:

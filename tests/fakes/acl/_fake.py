@@ -31,6 +31,7 @@ import bisect
 import json
 import os
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import wraps
@@ -195,6 +196,9 @@ class State:
         self.holds: list[Hold] = []
         self.executed_gears: list[int] = []
         self.last_gear: dict[int, int] = {}
+        self.events: dict = {}  # acl.rt events (rt.py); leaks() counts them
+        self.clock: Callable[[], float] = time.perf_counter  # the device clock events read (tests may replace it)
+        self.prof: list = []  # acl.prof calls (prof.py)
         self._next_handle = 0x1000
 
     def handle(self) -> int:
@@ -291,6 +295,7 @@ class State:
             "streams": len(self.streams),
             "contexts": sum(1 for c in self.contexts.values() if not c.default),
             "devices_set": sum(1 for n in self.device_refs.values() if n > 0),
+            "events": len(self.events),
         }
 
 
