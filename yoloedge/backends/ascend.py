@@ -368,8 +368,9 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
     @property
     def description(self) -> str:
         batch = "gears " + "/".join(map(str, self._gears)) if self._gears else f"batch {self._model_batch}"
+        cann = f" CANN {self._cann}" if self._cann else ""
         soc = f" {self._soc}" if self._soc else ""
-        return f"ascend{soc} device {self.config.device_id} ({self.config.execute}, {batch})"
+        return f"ascend{cann}{soc} device {self.config.device_id} ({self.config.execute}, {batch})"
 
     def _activate(self, detail: str = "") -> None:
         if self._context:  # pyACL binds contexts to threads

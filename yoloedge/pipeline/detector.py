@@ -73,13 +73,18 @@ class Detector:
         return self.backend.max_batch
 
     def warm_up(self) -> None:
-        """Run one batch of blank frames so lazy initialisation happens before we report ready.
+        """Run blank frames so lazy initialisation happens before we report ready: one frame, and
+        once more for each other batch gear the model runs natively (a dynamic-batch .om loads
+        each gear's kernels on its first run, which would otherwise stall the first full batch).
         An input the card fills itself (`Backend.device_inputs`) runs on what its memory holds."""
+        sizes = warm_up_sizes(self.backend.batch_sizes, self.max_batch)
         if self.backend.device_inputs is not None:
-            self.backend.run(1)
+            for n in sizes:
+                self.backend.run(n)
             return
         blank = np.full((self.input.height, self.input.width, 3), 114, np.uint8)
-        self.detect([blank])
+        for n in sizes:
+            self.detect([blank] * n)
 
     def preprocess(self, frames: Sequence[np.ndarray]) -> list[Geometry]:
         """Letterbox up to `max_batch` frames into the backend's input buffer, slot by slot."""
@@ -143,6 +148,15 @@ def _default_labels(num_classes: int) -> list[str]:
     log.warning("no labels for a %d-class model: using class0..class%d (set model.labels)",
                 num_classes, num_classes - 1)
     return placeholder_labels(num_classes)
+
+
+def warm_up_sizes(gears: Sequence[int], max_batch: int) -> list[int]:
+    """1, then one batch per other gear where the backend has several: the gear itself, or
+    `max_batch` for the gear a batch that large runs on (a backend with one batch size warms up
+    with one frame, as it always did)."""
+    if len(gears) <= 1:
+        return [1]
+    return sorted({1} | {min(g, max_batch) for g in gears if g >= 1})
 
 
 def open_detector(config: ModelConfig, backend: str = "onnxruntime", backend_config=None,
