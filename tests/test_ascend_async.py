@@ -34,7 +34,8 @@ from acl import _fake  # noqa: E402
 from device_helpers import make_om  # noqa: E402
 from onnx_models import expected_scores, make_dynamic_batch_v8_model  # noqa: E402
 from yoloedge.backends import acl_runtime  # noqa: E402
-from yoloedge.backends.acl_runtime import AclError, model_soc  # noqa: E402
+from yoloedge.backends.acl_observe import model_soc
+from yoloedge.backends.acl_runtime import AclError  # noqa: E402
 from yoloedge.backends.ascend import AscendBackend  # noqa: E402
 from yoloedge.backends.base import BatchTiming  # noqa: E402
 from yoloedge.config import ModelConfig  # noqa: E402

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-import re
 import threading
 import warnings
 import weakref
@@ -302,112 +300,6 @@ def cann_version() -> str:
         log.warning("acl.get_version returned %s (%s: %s)", ret, name, meaning)
         return ""
     return ".".join(str(int(p)) for p in parts)
-
-
-#: how far into an .om `model_soc` looks, and the SoC name it looks for after the attribute key
-OM_SCAN_BYTES = 64 << 20
-_SOC_ATTR = re.compile(rb"soc_version[^A-Za-z0-9]{0,16}(Ascend[0-9A-Za-z_]{1,24})")
-
-
-def model_soc(path: str, limit: int = OM_SCAN_BYTES) -> str | None:
-    """The --soc_version an .om was converted for, or None where it is not found.
-
-    ATC records it among the model's attributes (`atc --mode=1 --om=x.om --json=x.json` shows a
-    "soc_version" key with the chip, e.g. "Ascend310P3"); pyACL has no call that returns it. So
-    this scans the first `limit` bytes of the file, in chunks, for the key followed by an Ascend
-    chip name. UNCONFIRMED: where in the .om the attribute sits and how it is encoded (read as a
-    serialised attribute map: key, a few framing bytes, the string); the byte scan is a heuristic.
-    """
-    keep = 64
-    tail = b""
-    try:
-        with open(path, "rb") as f:
-            done = 0
-            while done < limit:
-                chunk = f.read(min(1 << 20, limit - done))
-                if not chunk:
-                    return None
-                done += len(chunk)
-                found = _SOC_ATTR.search(tail + chunk)
-                if found:
-                    return found.group(1).decode("ascii")
-                tail = (tail + chunk)[-keep:]
-    except OSError as exc:
-        log.warning("cannot read %s to find its --soc_version: %s", path, exc)
-    return None
-
-
-# acl_prof.h: aclprofAicoreMetrics and the data type flags of aclprofCreateConfig
-ACL_AICORE_ARITHMETIC_UTILIZATION = 0
-ACL_PROF_ACL_API = 0x0001
-ACL_PROF_TASK_TIME = 0x0002
-ACL_PROF_AICORE_METRICS = 0x0004
-
-
-class Profiling:
-    """msprof data of a bounded number of batches (`ascend.profile`), through acl.prof.
-
-    pyACL (prof_wrap.cpp): `acl.prof.init(path)` -> ret; `acl.prof.create_config(device_list,
-    aicore_metrics, aicore_events, data_type_config)` -> config (0 on failure; aicore_events is a
-    pointer, 0 for none); `acl.prof.start(config)`, `stop(config)`, `destroy_config(config)`,
-    `finalize()` -> ret. Profiling is per process (one init), so one backend profiles at a time;
-    another asking while it runs is told so in the log and not profiled.
-    """
-
-    _lock = threading.Lock()
-    _active: "Profiling | None" = None
-
-    def __init__(self, directory: str, config: int, batches: int, what: str):
-        self.directory, self.config, self.left, self.what = directory, config, batches, what
-
-    @classmethod
-    def start(cls, directory: str, device: int, batches: int, what: str) -> "Profiling | None":
-        """Initialise and start profiling `device`; None when another backend is profiling."""
-        with cls._lock:
-            if cls._active is not None:
-                log.warning("%s: not profiled: %s is being profiled (one acl.prof session per process)",
-                            what, cls._active.what)
-                return None
-            os.makedirs(directory, exist_ok=True)
-            check(acl.prof.init(directory), "acl.prof.init", directory)
-            config = acl.prof.create_config([device], ACL_AICORE_ARITHMETIC_UTILIZATION, 0,
-                                            ACL_PROF_ACL_API | ACL_PROF_TASK_TIME | ACL_PROF_AICORE_METRICS)
-            if not config:
-                check(acl.prof.finalize(), "acl.prof.finalize")
-                raise BackendError("acl.prof.create_config returned no configuration")
-            ret = acl.prof.start(config)
-            if ret != ACL_SUCCESS:
-                acl.prof.destroy_config(config)
-                acl.prof.finalize()
-                raise AclError("acl.prof.start", ret, directory)
-            cls._active = profiling = cls(directory, config, batches, what)
-        log.info("%s: profiling the next %d batches of device %d into %s", what, batches, device, directory)
-        return profiling
-
-    def batch_done(self) -> bool:
-        """Count one batch; the last one stops the profiler (True: it stopped)."""
-        self.left -= 1
-        if self.left > 0:
-            return False
-        self.stop()
-        return True
-
-    def stop(self) -> None:
-        """stop -> destroy_config -> finalize, once (the batch count or close, whichever first)."""
-        with Profiling._lock:
-            if Profiling._active is not self:
-                return
-            Profiling._active = None
-        errors: list[Exception] = []
-        for call, fn in (("acl.prof.stop", lambda: acl.prof.stop(self.config)),
-                         ("acl.prof.destroy_config", lambda: acl.prof.destroy_config(self.config)),
-                         ("acl.prof.finalize", acl.prof.finalize)):
-            try:
-                check(fn(), call)
-            except AclError as exc:
-                errors.append(exc)
-        raise_collected(errors, f"profiling of {self.what}")
-        log.info("%s: profiling stopped; the msprof data is in %s", self.what, self.directory)
 
 
 def close_context(ctx: DeviceContext) -> None:

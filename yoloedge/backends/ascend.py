@@ -4,14 +4,18 @@ Lifecycle, all on the worker thread that owns the card (pyACL binds contexts to 
 
     open:  [acl.init, first backend of the process]  [set_device -> create_context -> create_stream,
            first backend of the device scope] -> create_desc -> load_from_file -> get_desc -> device
-           memory (sized for the largest batch gear) + pinned host memory (acl.rt.malloc_host: one
-           buffer per input set and per output set) -> data buffers -> input/output datasets (the
-           input dataset includes `ascend_mbatch_shape_data` on dynamic-batch models)
-    run:   set_context -> memcpy in (only the frames of this batch, from the chosen input set) ->
-           set_dynamic_batch_size (smallest gear >= n) -> execute (or execute_async +
-           synchronize_stream) -> memcpy out (into the chosen output set)
-    close: exactly the reverse: datasets, data buffers, device and host memory, unload, destroy
-           desc, [stream, context, reset_device, last backend of the device scope],
+           memory (sized for the largest batch gear; the image input one buffer per input set) +
+           pinned host memory (acl.rt.malloc_host: one buffer per input set and per output set)
+           -> data buffers -> one input dataset per input set (with its own
+           `ascend_mbatch_shape_data` on dynamic-batch models), one output dataset -> [async: four
+           events] -> [ascend.profile: acl.prof init/create_config/start]
+    run:   set_context -> set_dynamic_batch_size (smallest gear >= n) -> copy in (only the frames
+           of this batch, from the chosen input set to its device buffer) -> execute -> copy out
+           (into the chosen output set). sync: memcpy, execute, memcpy, timed by the host clock;
+           async: record, memcpy_async, record, execute_async, record, memcpy_async(s), record,
+           synchronize_event, the steps timed by event_elapsed_time (`last_timing`)
+    close: exactly the reverse: [profiling], events, datasets, data buffers, device and host memory,
+           unload, destroy desc, [stream, context, reset_device, last backend of the device scope],
            [acl.finalize, last backend of the process]
 
 Several models on one card: the backends of one device scope (`base.DeviceScope`: one worker
@@ -20,6 +24,8 @@ own description, datasets and buffers. One stream, not one per model: the worker
 at a time and each run ends synchronised (execute, or execute_async + synchronize_stream), so a
 second stream would overlap nothing, and fewer streams is less of what a card has a limited number
 of. A backend given no scope opens a private one: its own context and stream, as with one model.
+Async does not overlap batches yet (the worker takes a batch's outputs before it hands over the
+next); the per-set device buffers and the events are what a second queued batch would need.
 
 Every acquisition pushes its own undo step, so `close` (and a failed `open`) release precisely
 what was acquired, in reverse order, and a failing step does not stop the ones after it. The
@@ -28,9 +34,10 @@ other backends that own pinned host buffers; this module holds only the device c
 
 The letterbox writes straight into the pinned host memory: each of `input_buffers` is a numpy view
 of one pinned input set (`acl.util.ptr_to_numpy`), and the arrays `run` returns are views of one
-pinned output set. Several host sets share one device buffer per tensor: the copy to the device
-happens inside `run`, on the worker thread, so only the host side needs a set per batch in flight
-(one being filled by pre-processing while another is copied and executed). Shapes and data types come from
+pinned output set. Each input set has its own device buffer (`_input_device_buffer`, the one place
+it is allocated) and input dataset, so a copy queued on the stream for one set never overwrites
+what another set's batch reads; the outputs share one device buffer per tensor, copied out inside
+`run`. Shapes and data types come from
 the model description, so an `.om` with AIPP (uint8 NHWC input, normalised on the NPU) and one
 without (float32/float16 NCHW) both work, and an `.om` exported without its Detect layer exposes
 its raw feature maps for the `raw` decoder. An `.om` carries no Ultralytics metadata: labels and
@@ -48,6 +55,7 @@ import numpy as np
 from ..config.ascend import EXECUTE_MODES, AscendConfig
 from ..errors import BackendError, ModelError
 from ..model.spec import DYNAMIC, ModelSpec
+from . import acl_observe as observe
 from . import acl_runtime as rt
 from .acl_runtime import check, checked
 from .base import BatchTiming, require_model_file
@@ -119,12 +127,12 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         self._mbatch: Tensor | None = None  # ascend_mbatch_shape_data, dynamic-batch models only
         self._input_datasets: list[int] = []  # one per input set: each binds that set's device buffers
         self._output_dataset = 0
-        self._events: tuple[int, ...] = ()  # async: before copy-in, before execute, before copy-out, end
+        self._events: observe.StepEvents | None = None  # async with pinned views only
         self._async_copies = False  # async with pinned views: copies queued on the stream too
         self._model_soc: str | None = None  # the --soc_version the .om was built for, where found
         self._cann = ""
         self._problems: list[str] = []
-        self._profiler: rt.Profiling | None = None
+        self._profiler: observe.Profiling | None = None
         self._model_batch = 0  # the static batch, or the largest gear
         self._gears: tuple[int, ...] = ()  # usable dynamic-batch gears; () for a static batch
         self._gear_for: list[int] = []  # n -> gear to run a batch of n frames
@@ -150,9 +158,9 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         self._allocate(input_sets, output_sets)
         self._build_datasets()
         if self._async_copies:
-            self._events = tuple(self._event(what) for what in ("copy-in", "execute", "copy-out", "end"))
+            self._events = observe.StepEvents(self._undo, self._stream)
         if self.config.profile:
-            self._profiler = rt.Profiling.start(self.config.profile, self.config.device_id,
+            self._profiler = observe.Profiling.start(self.config.profile, self.config.device_id,
                                                 self.config.profile_batches, self.model_path)
             if self._profiler is not None:
                 self._undo.push("stop profiling", self._profiler.stop)
@@ -183,30 +191,19 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         self._model_id = model_id
         self._undo.push("unload model", lambda: check(acl.mdl.unload(model_id), "acl.mdl.unload"))
         check(acl.mdl.get_desc(desc, model_id), "acl.mdl.get_desc")
-        self._check_soc()
-
-    def _check_soc(self) -> None:
-        """Warn (log and status problem) when the .om names another SoC than this card's."""
-        self._model_soc = rt.model_soc(self.model_path)
-        if self._model_soc and self._soc and self._model_soc != self._soc:
-            problem = (f"{self.model_path} was converted for {self._model_soc} (--soc_version) but device "
-                       f"{self.config.device_id} is {self._soc}: convert it again with --soc_version={self._soc}")
+        self._model_soc = observe.model_soc(self.model_path)
+        problem = observe.soc_problem(self.model_path, self._model_soc, self._soc, self.config.device_id)
+        if problem:
             log.warning("%s", problem)
             self._problems.append(problem)
-
-    def _event(self, what: str) -> int:
-        """One event of the async timing, created once at open (destroyed at close)."""
-        event = checked(acl.rt.create_event(), "acl.rt.create_event", f"the {what} event")
-        self._undo.push(f"destroy {what} event", lambda: check(acl.rt.destroy_event(event), "acl.rt.destroy_event"))
-        return event
 
     # -- what the model wants ------------------------------------------------------------------
     def _describe(self, max_batch: int) -> None:
         """Everything about the tensors comes from the model description: the batch gears, the
         batch-size input, the image input (AIPP or not) and the outputs."""
         desc = self._desc
-        gears = self._dynamic_gears()
-        mbatch = self._mbatch_index()
+        gears = dynamic_gears(desc)
+        mbatch = mbatch_index(desc)
         if gears and mbatch is None:
             raise ModelError(f"{self.model_path}: dynamic batch gears {list(gears)} but no "
                              f"{rt.ACL_DYNAMIC_TENSOR_NAME} input")
@@ -222,23 +219,13 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         if self._model_batch < 1:
             raise ModelError(f"{self.model_path}: input batch {dims[0]} without dynamic batch gears")
         self._plan_batches(gears, max_batch)
-        self._input = self._image_input(images[0], dims, name)
+        self._input, self.aipp = image_tensor(self.model_path, desc, self._model_id, images[0], dims, name,
+                                              self._model_batch)
         if mbatch is not None:
             size = acl.mdl.get_input_size_by_index(desc, mbatch)
             self._mbatch = Tensor(rt.ACL_DYNAMIC_TENSOR_NAME, np.dtype(np.int64), (1,), size, size, mbatch)
-        self._outputs = [self._output(i) for i in range(acl.mdl.get_num_outputs(desc))]
-
-    def _dynamic_gears(self) -> tuple[int, ...]:
-        """The --dynamic_batch_size gears, sorted; () for a fixed-batch model (batchCount 0)."""
-        info = checked(acl.mdl.get_dynamic_batch(self._desc), "acl.mdl.get_dynamic_batch")
-        if not info or not info.get("batchCount"):
-            return ()
-        return tuple(sorted(int(g) for g in info["batch"][:info["batchCount"]]))
-
-    def _mbatch_index(self) -> int | None:
-        """Index of the batch-size input; pyACL answers a non-zero ret when the model has none."""
-        index, ret = acl.mdl.get_input_index_by_name(self._desc, rt.ACL_DYNAMIC_TENSOR_NAME)
-        return int(index) if ret == rt.ACL_SUCCESS else None
+        self._outputs = [output_tensor(self.model_path, desc, i, self._model_batch)
+                         for i in range(acl.mdl.get_num_outputs(desc))]
 
     def _plan_batches(self, gears: tuple[int, ...], max_batch: int) -> None:
         """Capacity: `max_batch` frames, at most the largest gear or the static batch. Each n <=
@@ -255,45 +242,6 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         if self._capacity != max_batch:
             log.info("%s: batches of up to %d frames (asked for %d; the model's %s)", self.model_path,
                      self._capacity, max_batch, f"gears are {list(gears)}" if gears else "batch is fixed")
-
-    def _image_input(self, index: int, dims: list[int], name: str) -> Tensor:
-        """Sizes per frame from the description (which sizes the largest gear); uint8 means AIPP."""
-        desc = self._desc
-        size = acl.mdl.get_input_size_by_index(desc, index)
-        dtype = numpy_dtype(self.model_path, acl.mdl.get_input_data_type(desc, index), "input")
-        self.aipp = has_static_aipp(self.model_path, self._model_id, index) or dtype == np.uint8
-        if len(dims) != 4 or min(dims[1:]) < 1:
-            raise ModelError(f"{self.model_path}: expected a 4-D image input with fixed size, got {dims}")
-        if size % self._model_batch:
-            raise ModelError(f"{self.model_path}: input size {size} is not a multiple of the batch {self._model_batch}")
-        item_bytes = size // self._model_batch
-        shape: tuple[int, ...]
-        if self.aipp:
-            dtype, shape = np.dtype(np.uint8), aipp_shape(self.model_path, desc, dims, index, item_bytes)
-        else:
-            shape = tuple(dims[1:])
-            if math.prod(shape) * dtype.itemsize != item_bytes:
-                raise ModelError(f"{self.model_path}: input dims {dims} of {dtype} do not fill its "
-                                 f"{size} bytes")
-        return Tensor(name, dtype, shape, item_bytes, size, index)
-
-    def _output(self, index: int) -> Tensor:
-        """Shape and type per frame from the description: raw feature maps come out as they are,
-        for the `raw` decoder. The device buffer holds the largest gear whatever the description
-        says its size is (that value is not confirmed for dynamic-batch models)."""
-        desc = self._desc
-        dims, name = tensor_dims(acl.mdl.get_output_dims(desc, index), "acl.mdl.get_output_dims", f"output{index}")
-        dtype = numpy_dtype(self.model_path, acl.mdl.get_output_data_type(desc, index), f"output {index}")
-        size = acl.mdl.get_output_size_by_index(desc, index)
-        shape = tuple(dims[1:])
-        if not shape or min(shape) < 1:
-            raise ModelError(f"{self.model_path}: output {index} has dims {dims}; outputs with dynamic "
-                             f"shapes are not supported")
-        item_bytes = math.prod(shape) * dtype.itemsize
-        if size < item_bytes * self._model_batch:
-            log.debug("%s: output %d is described as %d bytes, %d needed for batch %d", self.model_path,
-                      index, size, item_bytes * self._model_batch, self._model_batch)
-        return Tensor(name, dtype, shape, item_bytes, max(size, item_bytes * self._model_batch), index)
 
     # -- buffers -------------------------------------------------------------------------------
     def _allocate(self, input_sets: int, output_sets: int) -> None:
@@ -385,11 +333,11 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
                   "acl.mdl.set_dynamic_batch_size", f"batch {gear}")
 
     def _copy_input(self, inp: Tensor, n: int, input_set: int) -> None:
-        if not self._async_copies:
+        if self._events is None:
             self._copy_in_now(inp, n, input_set)
             return
         count = n * inp.item_bytes
-        self._record(0)
+        self._events.record(observe.StepEvents.COPY_IN)
         check(acl.rt.memcpy_async(inp.device_ptrs[input_set], inp.device_bytes, inp.hosts[input_set].ptr, count,
                                   self._memcpy_in, self._stream),
               "acl.rt.memcpy_async", f"input {inp.name}, {count} bytes to the device")
@@ -406,11 +354,11 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
 
     def _execute(self) -> None:
         dataset = self._input_datasets[self._input_set]
-        if self._async_copies:
-            self._record(1)
+        if self._events is not None:
+            self._events.record(observe.StepEvents.EXECUTE)
             check(acl.mdl.execute_async(self._model_id, dataset, self._output_dataset, self._stream),
                   "acl.mdl.execute_async")
-            self._record(2)
+            self._events.record(observe.StepEvents.COPY_OUT)
         elif self.config.execute == "async":  # staged copies: only the execution is queued
             check(acl.mdl.execute_async(self._model_id, dataset, self._output_dataset, self._stream),
                   "acl.mdl.execute_async")
@@ -421,7 +369,7 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
     def _copy_output(self, out: Tensor, n: int, output_set: int) -> None:
         host = out.hosts[output_set]
         count = n * out.item_bytes
-        if self._async_copies:
+        if self._events is not None:
             check(acl.rt.memcpy_async(host.ptr, host.nbytes, out.device_ptr, count, self._memcpy_out, self._stream),
                   "acl.rt.memcpy_async", f"output {out.name}, {count} bytes from the device")
             return
@@ -432,23 +380,16 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
     def _synchronize(self) -> None:
         """Async: wait for the event after the last copy-out (the stream runs in order, so every
         copy and the execution before it are done); then count the batch for the profiler."""
-        if self._async_copies:
-            self._record(3)
-            check(acl.rt.synchronize_event(self._events[3]), "acl.rt.synchronize_event")
+        if self._events is not None:
+            self._events.wait()
         if self._profiler is not None and self._profiler.batch_done():
             self._profiler = None
-
-    def _record(self, index: int) -> None:
-        check(acl.rt.record_event(self._events[index], self._stream), "acl.rt.record_event")
 
     def _timing(self, host: tuple[float, float, float, float]) -> BatchTiming | None:
         """Async: the device's own times between the events; sync: the host clock around each
         synchronous call; async with staged copies: the whole run counts as execution."""
-        if self._async_copies:
-            ev = self._events
-            copy_in, execute, copy_out = (checked(acl.rt.event_elapsed_time(ev[i], ev[i + 1]),
-                                                  "acl.rt.event_elapsed_time") / 1000.0 for i in range(3))
-            return BatchTiming(copy_in, execute, copy_out, "events")
+        if self._events is not None:
+            return self._events.timing()
         if self.config.execute == "sync":
             return BatchTiming(host[1] - host[0], host[2] - host[1], host[3] - host[2], "host")
         return super()._timing(host)
@@ -472,6 +413,60 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
 
 
 # -- reading the model description ---------------------------------------------------------------
+def dynamic_gears(desc: int) -> tuple[int, ...]:
+    """The --dynamic_batch_size gears, sorted; () for a fixed-batch model (batchCount 0)."""
+    info = checked(acl.mdl.get_dynamic_batch(desc), "acl.mdl.get_dynamic_batch")
+    if not info or not info.get("batchCount"):
+        return ()
+    return tuple(sorted(int(g) for g in info["batch"][:info["batchCount"]]))
+
+
+def mbatch_index(desc: int) -> int | None:
+    """Index of the batch-size input; pyACL answers a non-zero ret when the model has none."""
+    index, ret = acl.mdl.get_input_index_by_name(desc, rt.ACL_DYNAMIC_TENSOR_NAME)
+    return int(index) if ret == rt.ACL_SUCCESS else None
+
+
+def image_tensor(model_path: str, desc: int, model_id: int | None, index: int, dims: list[int], name: str,
+                 model_batch: int) -> tuple[Tensor, bool]:
+    """The image input, sized per frame from the description (which sizes the largest gear), and
+    whether it takes AIPP frames (uint8 means AIPP)."""
+    size = acl.mdl.get_input_size_by_index(desc, index)
+    dtype = numpy_dtype(model_path, acl.mdl.get_input_data_type(desc, index), "input")
+    aipp = has_static_aipp(model_path, model_id, index) or dtype == np.uint8
+    if len(dims) != 4 or min(dims[1:]) < 1:
+        raise ModelError(f"{model_path}: expected a 4-D image input with fixed size, got {dims}")
+    if size % model_batch:
+        raise ModelError(f"{model_path}: input size {size} is not a multiple of the batch {model_batch}")
+    item_bytes = size // model_batch
+    shape: tuple[int, ...]
+    if aipp:
+        dtype, shape = np.dtype(np.uint8), aipp_shape(model_path, desc, dims, index, item_bytes)
+    else:
+        shape = tuple(dims[1:])
+        if math.prod(shape) * dtype.itemsize != item_bytes:
+            raise ModelError(f"{model_path}: input dims {dims} of {dtype} do not fill its {size} bytes")
+    return Tensor(name, dtype, shape, item_bytes, size, index), aipp
+
+
+def output_tensor(model_path: str, desc: int, index: int, model_batch: int) -> Tensor:
+    """Shape and type per frame from the description: raw feature maps come out as they are, for
+    the `raw` decoder. The device buffer holds the largest gear whatever the description says its
+    size is (that value is not confirmed for dynamic-batch models)."""
+    dims, name = tensor_dims(acl.mdl.get_output_dims(desc, index), "acl.mdl.get_output_dims", f"output{index}")
+    dtype = numpy_dtype(model_path, acl.mdl.get_output_data_type(desc, index), f"output {index}")
+    size = acl.mdl.get_output_size_by_index(desc, index)
+    shape = tuple(dims[1:])
+    if not shape or min(shape) < 1:
+        raise ModelError(f"{model_path}: output {index} has dims {dims}; outputs with dynamic "
+                         f"shapes are not supported")
+    item_bytes = math.prod(shape) * dtype.itemsize
+    if size < item_bytes * model_batch:
+        log.debug("%s: output %d is described as %d bytes, %d needed for batch %d", model_path,
+                  index, size, item_bytes * model_batch, model_batch)
+    return Tensor(name, dtype, shape, item_bytes, max(size, item_bytes * model_batch), index)
+
+
 def tensor_dims(result, call: str, default_name: str) -> tuple[list[int], str]:
     """`get_input_dims` / `get_output_dims` answer {"name", "dimCount", "dims"}."""
     info = checked(result, call)
