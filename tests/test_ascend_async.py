@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -40,7 +41,8 @@ from yoloedge.backends.ascend import AscendBackend  # noqa: E402
 from yoloedge.backends.base import BatchTiming  # noqa: E402
 from yoloedge.config import ModelConfig  # noqa: E402
 from yoloedge.config.ascend import AscendConfig  # noqa: E402
-from yoloedge.pipeline.detector import Detector, warm_up_sizes  # noqa: E402
+from yoloedge.pipeline.detector import Detector  # noqa: E402
+from yoloedge.pipeline.workerreport import runtime_problems  # noqa: E402
 from yoloedge.pipeline.workerstats import WorkerStats  # noqa: E402
 from yoloedge.web.metrics import device_metrics  # noqa: E402
 
@@ -309,9 +311,18 @@ def test_warm_up_runs_every_batch_gear(tiny_om, fake_process, max_batch, gears):
         backend.close()
 
 
-def test_warm_up_sizes():
-    assert warm_up_sizes((4,), 4) == [1]  # one batch size (a static model, ONNX Runtime): one frame
-    assert warm_up_sizes((1, 2, 4, 8), 6) == [1, 2, 4, 6]
+def test_warm_up_batches_name_one_size_per_gear(tiny_om, tmp_path, tiny_onnx, monkeypatch):
+    backend = opened(tiny_om, max_batch=6)
+    try:
+        assert backend.warm_up_batches == (1, 2, 4, 6)  # 6 frames run on gear 8
+    finally:
+        backend.close()
+    fresh_process(monkeypatch)
+    backend = opened(make_om(tmp_path, tiny_onnx, "fixed.om", batch=4), max_batch=4)
+    try:
+        assert backend.warm_up_batches == (1,)  # a fixed batch: one run, as every backend does
+    finally:
+        backend.close()
 
 
 # -- status and /metrics ------------------------------------------------------------------------------
@@ -332,3 +343,19 @@ def test_worker_stats_and_metrics_split_each_batch():
         counts[step] = [s.value for s in family.samples if s.name.endswith("_count")]
         assert all(s.labels["device"] == "0" for s in family.samples)  # no series for a device never timed
     assert counts == {"copy_in": [1], "execute": [2], "copy_out": [1]}
+
+
+def test_a_worker_reports_its_models_runtime_problems_once(tiny_om):
+    om_converted_for(tiny_om, "Ascend910B")
+    first, second = opened(tiny_om), opened(tiny_om)  # two models of one card, the same mismatch
+    try:
+        models = [SimpleNamespace(detector=SimpleNamespace(backend=b)) for b in (first, second)]
+        done = threading.Event()
+        worker = SimpleNamespace(incarnation=SimpleNamespace(done=done, models=models))
+        (problem,) = runtime_problems(worker)
+        assert "converted for Ascend910B" in problem and "device 0 is Ascend310P3" in problem
+        done.set()  # an incarnation that ended reports nothing
+        assert runtime_problems(worker) == []
+    finally:
+        second.close()
+        first.close()

@@ -314,6 +314,14 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         return self._gears or (self._model_batch,)
 
     @property
+    def warm_up_batches(self) -> tuple[int, ...]:
+        """One batch per gear (each gear's first run loads its own kernels): the gear itself, or
+        the capacity for the gear a full batch runs on; one frame for a fixed-batch model."""
+        if len(self._gears) <= 1:
+            return (1,)
+        return tuple(sorted({1} | {min(g, self._capacity) for g in self._gears}))
+
+    @property
     def description(self) -> str:
         batch = "gears " + "/".join(map(str, self._gears)) if self._gears else f"batch {self._model_batch}"
         cann = f" CANN {self._cann}" if self._cann else ""

@@ -191,6 +191,12 @@ class Backend(ABC):
         return (self.max_batch,)
 
     @property
+    def warm_up_batches(self) -> tuple[int, ...]:
+        """The batch sizes to run once before the device reports ready: (1,) by default; a backend
+        whose first run of each native batch size is slow (an .om's gears) names one per size."""
+        return (1,)
+
+    @property
     def description(self) -> str:
         """One line for logs and status: runtime, device, provider."""
         return self.name

@@ -73,11 +73,10 @@ class Detector:
         return self.backend.max_batch
 
     def warm_up(self) -> None:
-        """Run blank frames so lazy initialisation happens before we report ready: one frame, and
-        once more for each other batch gear the model runs natively (a dynamic-batch .om loads
-        each gear's kernels on its first run, which would otherwise stall the first full batch).
+        """Run blank frames so lazy initialisation happens before we report ready: one batch of
+        each size in `Backend.warm_up_batches` (one frame, or one per gear of a dynamic-batch .om).
         An input the card fills itself (`Backend.device_inputs`) runs on what its memory holds."""
-        sizes = warm_up_sizes(self.backend.batch_sizes, self.max_batch)
+        sizes = self.backend.warm_up_batches
         if self.backend.device_inputs is not None:
             for n in sizes:
                 self.backend.run(n)
@@ -148,15 +147,6 @@ def _default_labels(num_classes: int) -> list[str]:
     log.warning("no labels for a %d-class model: using class0..class%d (set model.labels)",
                 num_classes, num_classes - 1)
     return placeholder_labels(num_classes)
-
-
-def warm_up_sizes(gears: Sequence[int], max_batch: int) -> list[int]:
-    """1, then one batch per other gear where the backend has several: the gear itself, or
-    `max_batch` for the gear a batch that large runs on (a backend with one batch size warms up
-    with one frame, as it always did)."""
-    if len(gears) <= 1:
-        return [1]
-    return sorted({1} | {min(g, max_batch) for g in gears if g >= 1})
 
 
 def open_detector(config: ModelConfig, backend: str = "onnxruntime", backend_config=None,
