@@ -11,7 +11,9 @@ outputs out into one of several output sets. What they share is here, once:
   `open` release precisely what was acquired, newest first;
 * the tensors (`DeviceTensor`): one device buffer each, and one pinned host buffer per input set
   (the image input) or per output set (every output), with typed numpy views of those;
-* `run`: its argument checks, then the device's steps in a fixed order (the hooks below);
+* `run`: its argument checks, then the device's steps in a fixed order (the hooks below), and the
+  split of its time (`last_timing`: host clock readings between the steps, which the backend turns
+  into copy-in / execute / copy-out, or its device events);
 * `close`: bind the device on the closing thread (which may not be the one that opened), unwind,
   reset, raise the first failure and log the rest.
 
@@ -26,6 +28,8 @@ A backend implements these hooks, and nothing else of the above:
     _execute()                        run the model
     _copy_output(out, n, output_set)  the first n items of an output to its output set
     _synchronize()                    wait for the queued work (optional)
+    _timing(host) -> BatchTiming      the split of the run (optional: all of it as execution)
+    _input_device_buffer(nbytes)      an input set's device buffer, with device_input_per_set (optional)
     _output_batch() -> int            the outputs' batch axis in the spec (DYNAMIC or fixed)
     _imgsz() -> (h, w)                the model's fixed input size
     _settle()                         process-wide bookkeeping after open/close (optional)
