@@ -589,7 +589,7 @@ def test_config_reads_decoder_and_pipeline(tmp_path, gst_modules):
 
 BAD = [
     ("bad-decoder", "- {name: a, url: rtsp://h/s, decoder: cuda}\n", 4, "cameras[0].decoder",
-     "must be one of: opencv, pyav, gstreamer, jetson, vaapi, nvidia, auto"),
+     "must be one of: opencv, pyav, gstreamer, jetson, vaapi, nvidia, dvpp, auto"),
     ("url-and-pipeline", "- name: a\n  url: rtsp://h/s\n  pipeline: videotestsrc ! appsink\n", 6,
      "cameras[0].pipeline", "url: and pipeline: are both given"),
     ("no-source", "- name: a\n  fps: 5\n", 4, "cameras[0].url", "required key is missing"),

@@ -47,6 +47,8 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
                   "stalls": int, "images_skipped": int | null (image folders: files refused),
                   "jpeg_decoder": str | null (image folders and HTTP cameras: nvimgcodec, nvjpeg or cpu),
                   "decoder": str (video: opencv, pyav, gstreamer, jetson, vaapi or nvidia; `auto` once resolved),
+                  "decoder_reason": str | null (why: as configured, or what auto passed over; the RTSP
+                                    chain and GStreamer version),
                   "last_frame_age_s": float | null,
                   "latency_p50_ms": float | null, "latency_p99_ms": float | null,
                   "error": str | null,

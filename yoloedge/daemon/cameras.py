@@ -26,6 +26,7 @@ from ..events.recent import EventLog
 from ..heap import release_free_heap
 from ..pipeline.cameras import CameraRuntime, is_lossless, queue_size_for
 from ..pipeline.groups import AcceleratorGroup
+from ..pipeline.media import MediaError
 from ..routing.router import ResultRouter
 from ..pipeline.snapshots import SnapshotStore
 from ..routing import FrameKeeper, TrackingStage
@@ -97,13 +98,20 @@ class CameraSet:
         failed = None if group.serving else f"accelerator {group.name} did not start"
         if failed is None and not group.serving_models(wanted):
             failed = f"its model(s) {', '.join(wanted)} could not be loaded on accelerator {group.name}"
+        media = None
+        queue_size = queue_size_for(camera, group.config.batch)
         if camera.enabled and failed is None:
-            feed = group.add_camera(camera.name, queue_size_for(camera, group.config.batch), is_lossless(camera),
-                                    wanted)
+            try:
+                media = group.media_for(camera, wanted, queue_size)
+            except MediaError as exc:
+                failed = str(exc)
+        if camera.enabled and failed is None:
+            feed = group.add_camera(camera.name, queue_size, is_lossless(camera), wanted,
+                                    device=media.device if media is not None else None)
             reader = CameraReader(camera, parts.snapshots.tap(camera.name, parts.keeper.tap(camera.name, feed,
                                                                                   is_lossless(camera))),
                                   self._settings().health.stall_timeout_s, parts.results.camera_state,
-                                  pool=parts.frames)
+                                  pool=parts.frames, media=media)
         runtime = CameraRuntime(camera, group.name, feed, reader, failed=failed if camera.enabled else None,
                                 models=list(feed.intakes) if feed is not None else wanted)
         errors = group.model_errors()

@@ -355,6 +355,8 @@ class Daemon:
         for group in self.groups.values():
             group.stop_workers(max(0.5, deadline - time.monotonic()))
         for group in self.groups.values():
+            group.close_media()  # the cards' decoder channels and DVPP memory, before acl.finalize
+        for group in self.groups.values():
             group.stop_post(max(0.5, deadline - time.monotonic()))
         self.tracking.end_all()  # every event ends, on MQTT while the client still runs
         publisher = self._current_publisher()

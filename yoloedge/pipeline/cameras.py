@@ -169,6 +169,7 @@ class CameraRuntime:
             "images_skipped": stats.get("images_skipped"),
             "jpeg_decoder": stats.get("jpeg_decoder"),
             "decoder": stats.get("decoder"),
+            "decoder_reason": stats.get("decoder_reason"),
             "frame_size": stats.get("frame_size"),
             "size_changes": stats.get("size_changes"),
             "last_frame_age_s": stats.get("last_frame_age_s"),

@@ -28,13 +28,15 @@ from typing import Sequence
 from ..backends import backend_config_for, create_backend
 from ..backends.base import Backend
 from ..config.model import ModelConfig
-from ..config.schema import AcceleratorConfig
+from ..config.schema import AcceleratorConfig, CameraConfig
+from ..sources.dvpp import MediaEngine
 from .detector import Detector
 from ..health.progress import ProgressTracker
 from ..preprocess import Resizer
 from .batcher import Batcher, BatchSignal
 from .feed import CameraFeed
 from .intake import CameraIntake
+from .media import GroupMedia, MediaError
 from .modelinfo import ModelInfo
 from .post import Floor, PostStage, Sink, no_floor
 from .prepare import Preparer, auto_threads
@@ -86,6 +88,8 @@ class AcceleratorGroup:
         self.models = tuple(models)
         signal = BatchSignal()
         self.lanes = [ModelLane(name, model, config, signal, sink, floor, alone=len(models) == 1) for model in models]
+        #: the Atlas cards' media engines (`decoder: dvpp`), opened when a camera first needs one
+        self.media: GroupMedia | None = GroupMedia(name, config) if config.backend == "ascend" else None
         self.workers = [
             DeviceWorker(f"{name}/{device}", config, device,
                          [ServedModel(lane.model, lane.batcher, lane.post, self._factory(lane.model, device),
@@ -151,10 +155,33 @@ class AcceleratorGroup:
                 errors.setdefault(name, error)
         return {name: error for name, error in errors.items() if self.detector_of(name) is None}
 
+    def takes_card_pictures(self, models: Sequence[str] | None = None) -> bool:
+        """Whether the models (of `models`, default all, those that run) take pictures the card
+        decoded (`decoder: dvpp`) rather than host frames."""
+        names = self.serving_models(models)
+        detectors = [d for d in (self.detector_of(name) for name in names) if d is not None]
+        return any(d.backend.device_inputs is not None for d in detectors)
+
+    def media_for(self, camera: CameraConfig, models: Sequence[str] | None = None,
+                  queue_size: int = 2) -> MediaEngine | None:
+        """The camera's way onto its card's media engine: for `decoder: dvpp` or `auto` on a group
+        whose models take the card's pictures; None otherwise. Raises MediaError (the camera
+        fails with it) when the camera and its models do not fit together."""
+        if not self.takes_card_pictures(models):
+            return None
+        if camera.pipeline or camera.decoder not in ("dvpp", "auto"):
+            raise MediaError(f"its model(s) take NV12 pictures the card decodes (an .om with YUV420SP AIPP), "
+                             f"so the camera needs decoder: dvpp (or auto), not "
+                             f"{'a pipeline:' if camera.pipeline else 'decoder: ' + camera.decoder}")
+        if self.media is None:
+            raise MediaError(f"accelerator {self.name} (backend: {self.config.backend}) has no media engine")
+        return self.media.for_camera(camera.name, queue_size)
+
     def add_camera(self, camera: str, queue_size: int, lossless: bool,
-                   models: Sequence[str] | None = None) -> CameraFeed:
+                   models: Sequence[str] | None = None, device: str | None = None) -> CameraFeed:
         """A camera's queues, one per model it feeds (of `models`, default all, those that run),
-        and the sink its reader writes into."""
+        and the sink its reader writes into. `device`: the one device whose input sets take its
+        frames (a camera the card decodes)."""
         names = self.serving_models(models)
         if not names:
             raise RuntimeError(f"accelerator {self.name} has no running device for "
@@ -165,7 +192,7 @@ class AcceleratorGroup:
                 lane, detector = self.lane(name), self.detector_of(name)
                 if detector is None:
                     continue
-                queue = lane.batcher.add_camera(camera, queue_size, lossless)
+                queue = lane.batcher.add_camera(camera, queue_size, lossless, device=device)
                 resizer = Resizer(detector.input.height, detector.input.width, detector.style)
                 intakes[name] = CameraIntake(queue, resizer, CameraIntake.ring_size(queue_size, len(lane.preparers)))
         except Exception:
@@ -174,8 +201,12 @@ class AcceleratorGroup:
         return CameraFeed(intakes)
 
     def remove_camera(self, camera: str) -> int:
-        """Close and forget a camera's queues; returns how many queued frames were discarded."""
-        return sum(lane.batcher.remove_camera(camera) for lane in self.lanes)
+        """Close and forget a camera's queues (and its decoder channel on the card); returns how
+        many queued frames were discarded."""
+        dropped = sum(lane.batcher.remove_camera(camera) for lane in self.lanes)
+        if self.media is not None:
+            self.media.remove_camera(camera)
+        return dropped
 
     @staticmethod
     def _letterbox_failed(camera: str, seq: int, exc: Exception) -> None:
@@ -246,6 +277,12 @@ class AcceleratorGroup:
                           w.worker_name, timeout)
             elif w.hung_calls:
                 log.warning("%s: %d abandoned device call(s) never returned", w.worker_name, w.hung_calls)
+
+    def close_media(self) -> None:
+        """Close the cards' media engines (every camera's decoder channel, then each card's DVPP
+        memory, channel and report thread), after the readers, preparers and workers stopped."""
+        if self.media is not None:
+            self.media.close()
 
     def stop_post(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

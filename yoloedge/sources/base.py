@@ -108,6 +108,8 @@ class Source:
     #: the JPEG decoder in use (a `config.sources.JpegDecoderKind` value) for folders and HTTP
     #: cameras; None for sources whose frames are not JPEGs
     jpeg_decoder: str | None = None
+    #: why the camera's video decoder is the one it is (`opening.Choice.reason`); None: not said
+    decoder_reason: str | None = None
     #: retrieve() converts into the array it is given (OpenCV captures): the reader lends it one
     #: from its `FramePool`. Other sources hand over arrays of their own and ignore it.
     fills_buffers = False

@@ -229,6 +229,7 @@ class ConnectionSupervisor:
             with self._lock:
                 self._counters.jpeg_decoder = source.jpeg_decoder
                 self._counters.decoder = decoder.value
+                self._counters.decoder_reason = source.decoder_reason
             conn.opened_at = conn.progress_mark = self._clock()
             conn.opened_wall = time.time()  # a file's frame times count from here (`Frame.frame_time`)
             if not conn.cancelled.is_set():

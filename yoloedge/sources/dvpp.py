@@ -67,7 +67,8 @@ class MediaEngine(Protocol):
 
 
 class DvppSource(Source):
-    """rtsp:// cameras and video files decoded by the card (module docstring)."""
+    """rtsp:// cameras and video files decoded by the card (module docstring). A decode error the
+    card reports for a picture ends the connection (the reader reconnects with its backoff)."""
 
     def __init__(self, url: str, kind: SourceKind, engine: MediaEngine, *, loop: bool = False,
                  open_timeout_s: float = 10.0, read_timeout_s: float = 10.0, camera: str | None = None,
@@ -86,17 +87,15 @@ class DvppSource(Source):
         self._picture: DevicePicture | None = None  # retrieved, not yet taken
         self._placeholder = np.empty((0, 0, 0), np.uint8)
         self._flushed = False
-        self._loops = 0
-        self._offset_s = 0.0  # media time of earlier loops
         self._last_pts = 0.0
         self._open()
 
     def _open(self) -> None:
         from .demux import AccessUnitReader  # PyAV, on first use
-        demux = AccessUnitReader(self._url, open_timeout_s=self._open_timeout_s,
-                                 read_timeout_s=self._read_timeout_s, camera=self.camera)
+        demux = AccessUnitReader(self._url, camera=self.camera, loop=self._loop, open_timeout_s=self._open_timeout_s,
+                                 read_timeout_s=self._read_timeout_s)
         try:
-            info = demux.open()
+            info = demux.info
             why = self._engine.unsupported(info)
             if why is not None:
                 raise UnsupportedSourceError(f"{self.description}: the card cannot decode this stream: {why}; "
@@ -130,11 +129,7 @@ class DvppSource(Source):
                 if decoder.error:
                     self.error = f"{self.description}: {decoder.error}"
                     return False
-                if self._loop and self._open_again(self._close_demux, self._open):
-                    self._loops += 1
-                    self._offset_s += self._last_pts
-                    continue
-                self.eof = True
+                self.eof = True  # the demuxer loops a file itself (`loop`), across which times add up
                 return False
             unit = demux.read()
             if unit is None:
@@ -172,7 +167,7 @@ class DvppSource(Source):
         return picture
 
     def position_s(self) -> float | None:
-        return None if self.is_live else self._offset_s + self._last_pts
+        return None if self.is_live else self._last_pts
 
     def _drop_grabbed(self) -> None:
         picture, self._held = self._held, None

@@ -12,14 +12,41 @@ is a `pipeline:` launch string.
 Why the RTSP chain has every step it has (roboflow/inference's Jetson producer, their PR #2759):
 TCP so a lossy network cannot tear frames; a 200 ms jitter buffer that drops rather than grows;
 the depayloader asks for a key frame and waits for one, so a stream joined mid-GOP (or after a lost
-packet) never hands the decoder pictures whose references it never saw; h264timestamper gives
-streams without DTS the timestamps NVDEC needs. The file chains never decode audio: decodebin
-exposes non-video streams undecoded (`gstreamer.py`), parsebin's audio pads stay unlinked.
+packet) never hands the decoder pictures whose references it never saw (rtph264depay's
+`request-keyframe` and `wait-for-keyframe`: "Since: 1.20" in gst-plugins-good's
+gst/rtp/gstrtph264depay.c). The file chains never decode audio: decodebin exposes non-video
+streams undecoded (`gstreamer.py`), parsebin's audio pads stay unlinked.
+
+Two RTSP chains, by what the machine's GStreamer has (`RtspChain`, chosen in `gstreamer.py` by
+whether the element is registered, not by a version number a distribution may have patched):
+
+* `TIMESTAMPED` (GStreamer 1.22+): `h264parse ! h264timestamper`. RTP carries presentation
+  times only, so rtph264depay's buffers have a PTS and no DTS; h264timestamper (gst-plugins-bad,
+  "Since: 1.22" in gst/codectimestamper/gsth264timestamper.c) derives a DTS from the SPS's
+  reorder depth (VUI num_reorder_frames, else the level's DPB size), holding back as many frames
+  as the stream may reorder. Its own documentation names RTP/RTSP input as the case it is for.
+* `BYTE_STREAM` (GStreamer 1.20: Ubuntu 22.04, JetPack 6): `h264parse config-interval=-1 !
+  video/x-h264,stream-format=byte-stream,alignment=au`, the chain DeepStream's own RTSP sources
+  and NVIDIA's Jetson GStreamer guide put before nvv4l2decoder (rtph264depay ! h264parse !
+  nvv4l2decoder). Byte-stream with whole access units is what nvv4l2decoder (and the V4L2
+  decoders it is forked from) takes; one access unit per buffer gives every buffer the PTS of its
+  own picture; config-interval=-1 repeats SPS/PPS in front of every IDR, so a decoder that joins
+  or recovers at a key frame always has the parameter sets. Why a missing DTS is harmless here:
+  the decoders are GstVideoDecoder subclasses, which order their output by PTS and only
+  interpolate when PTS is missing too; and nothing downstream reads a timestamp at all -- the
+  appsink has sync=false and the reader paces and stamps frames on its own clock. DTS matters to
+  muxers (the case h264timestamper was written for), not to this chain.
+  UNCONFIRMED on a real Jetson: nvv4l2decoder (JetPack 6, L4T R36) fed PTS-only byte-stream from
+  this chain was not run here; the same string with avdec_h264 in its place is tested on
+  GStreamer 1.22 with h264timestamper removed from the registry. No nvv4l2decoder property is set
+  (`disable-dpb` would break streams with B-frames; `enable-max-performance` trades power for
+  clocks, a choice for the board's owner, through a `pipeline:`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from ..config.sources import Decoder
 from ..redact import redact_url
@@ -72,13 +99,25 @@ PRESETS: dict[Decoder, Preset] = {
                            "an NVIDIA GPU with its driver and GStreamer's nvcodec plugin "
                            "(gstreamer1.0-plugins-bad)"),
 }
-#: the elements around the decoder in each chain (`rtsp_launch`, `file_launch`); the RTSP chain's
-#: h264timestamper came with GStreamer 1.22 (Ubuntu 22.04 and JetPack 6 have 1.20)
-RTSP_CHAIN = ("rtspsrc", "rtph264depay", "h264parse", "h264timestamper")
+#: the elements around the decoder in each chain (`rtsp_launch`, `file_launch`); the RTSP chain
+#: adds TIMESTAMPER where the machine has it (`RtspChain`)
+RTSP_CHAIN = ("rtspsrc", "rtph264depay", "h264parse")
 SOFTWARE_FILE_CHAIN = ("filesrc", "decodebin")
 HARDWARE_FILE_CHAIN = ("filesrc", "parsebin", "h264parse")
-CHAIN_NEEDS = ("GStreamer 1.22 or later with gstreamer1.0-plugins-good and gstreamer1.0-plugins-bad "
-               "(h264timestamper came with 1.22)")
+#: gst-plugins-bad 1.22+; GStreamer 1.20 (Ubuntu 22.04, JetPack 6) has none
+TIMESTAMPER = "h264timestamper"
+CHAIN_NEEDS = ("GStreamer 1.20 or later with gstreamer1.0-plugins-good (rtspsrc, rtph264depay) and "
+               "gstreamer1.0-plugins-bad (h264parse, parsebin)")
+#: the caps the 1.20 chain fixes between h264parse and the decoder (module docstring)
+BYTE_STREAM_CAPS = "video/x-h264,stream-format=byte-stream,alignment=au"
+
+
+class RtspChain(str, Enum):
+    """Between rtph264depay and the decoder (module docstring): which one a camera got is in its
+    decoder's reason in status and in the log."""
+
+    TIMESTAMPED = "h264parse ! h264timestamper"  # GStreamer 1.22+
+    BYTE_STREAM = f"h264parse config-interval=-1 ! {BYTE_STREAM_CAPS}"  # 1.20: no h264timestamper
 #: what `auto` tries, best first; then OpenCV. The hardware presets take the decode off the CPU;
 #: PyAV decodes with FFmpeg as OpenCV does, into the same pictures, without OpenCV's own BGR picture
 #: (about 6 MB less per 1080p camera, docs/benchmarks.md "Memory per camera"); software GStreamer holds more
@@ -96,12 +135,14 @@ def sink_launch(live: bool) -> str:
             f"max-buffers={SINK_MAX_BUFFERS} drop={drop} sync=false")
 
 
-def rtsp_launch(preset: Preset, element: str, open_timeout_s: float) -> str:
-    """The robust RTSP chain (module docstring); rtspsrc's location is set as a property."""
+def rtsp_launch(preset: Preset, element: str, open_timeout_s: float,
+                chain: RtspChain = RtspChain.TIMESTAMPED) -> str:
+    """The robust RTSP chain (module docstring), with `chain` between the depayloader and the
+    decoder; rtspsrc's location is set as a property."""
     tcp_timeout_us = max(1, int(open_timeout_s * 1_000_000))
     return (f"rtspsrc name={SOURCE_NAME} protocols=tcp latency={RTSP_LATENCY_MS} drop-on-latency=true "
             f"tcp-timeout={tcp_timeout_us} ! application/x-rtp,media=video ! queue "
-            f"! rtph264depay request-keyframe=true wait-for-keyframe=true ! h264parse ! h264timestamper "
+            f"! rtph264depay request-keyframe=true wait-for-keyframe=true ! {chain.value} "
             f"! {element} ! {preset.to_system_memory}{sink_launch(live=True)}")
 
 

@@ -32,7 +32,8 @@ from ..config.sources import GSTREAMER_HINT, Decoder, display_launch, gi_install
 from ..redact import redact_text, redact_url
 from .base import Source, SourceError, SourceKind, UnsupportedSourceError, local_path, plausible_fps, source_kind
 from .gstlaunch import (DECODEBIN_NAME, HARDWARE_FILE_CHAIN, PIPELINE_SINK_CAPS, PRESETS, RTSP_CHAIN, SINK_MAX_BUFFERS,
-                        SINK_NAME, SOFTWARE_FILE_CHAIN, SOURCE_NAME, Preset, file_launch, rtsp_launch)
+                        SINK_NAME, SOFTWARE_FILE_CHAIN, SOURCE_NAME, TIMESTAMPER, Preset, RtspChain, file_launch,
+                        rtsp_launch)
 from .yuv import (BT601, Colorimetry, I420Converter, Matrix, PlaneLayout, opencv_colorimetry, opencv_differences,
                   plane)
 
@@ -93,6 +94,17 @@ def preset_element(preset: Preset) -> str | None:
     return next((name for name in preset.elements if element_present(name)), None)
 
 
+def gst_version() -> str:
+    """The GStreamer this process runs, as errors and reasons name it ("GStreamer 1.20.3")."""
+    return str(gst().Gst.version_string())
+
+
+def rtsp_chain() -> RtspChain:
+    """The RTSP chain this machine can build: h264timestamper where it is registered (1.22+),
+    else the 1.20 chain (`gstlaunch`)."""
+    return RtspChain.TIMESTAMPED if element_present(TIMESTAMPER) else RtspChain.BYTE_STREAM
+
+
 def chain_missing(decoder: Decoder, kind: SourceKind) -> list[str]:
     """The elements of the preset's chain around its decoder that this machine lacks: a launch
     string naming one cannot even be built, so `auto` must pass over such a preset."""
@@ -129,7 +141,7 @@ def launch_spec(config: CameraConfig, decoder: Decoder, element: str | None = No
     preset = PRESETS[decoder]
     element = element or preset.elements[0]
     if source_kind(config.url) is SourceKind.RTSP:
-        return LaunchSpec(rtsp_launch(preset, element, config.open_timeout_s), SourceKind.RTSP,
+        return LaunchSpec(rtsp_launch(preset, element, config.open_timeout_s, rtsp_chain()), SourceKind.RTSP,
                           redact_url(config.url), decoder, location=config.url, live=True)
     path = local_path(config.url)
     return LaunchSpec(file_launch(preset, element), SourceKind.FILE, path, decoder, location=path,

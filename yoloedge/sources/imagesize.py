@@ -145,8 +145,14 @@ _JPEG_STANDALONE = frozenset({0x01, *range(0xD0, 0xDA)})
 
 
 def _jpeg(data: bytes) -> tuple[int, int] | None:
-    """Walk the marker segments to the first frame header (EXIF thumbnails sit inside APP1, skipped
-    whole); None when the scan starts first."""
+    at = jpeg_frame_header(data)
+    return None if at is None else (_u16be(data, at + 7), _u16be(data, at + 5))  # length, precision, height, width
+
+
+def jpeg_frame_header(data: bytes) -> int | None:
+    """Where the first frame header (SOFn marker) of the JPEG in `data` starts: walks the marker
+    segments (EXIF thumbnails sit inside APP1, skipped whole); None when the scan starts first or
+    the data ends. Raises struct.error or IndexError on a segment cut short."""
     at = 2
     while at + 4 <= len(data):
         if data[at] != 0xFF:  # garbage between segments: libjpeg skips to the next 0xFF, so do we
@@ -164,7 +170,7 @@ def _jpeg(data: bytes) -> tuple[int, int] | None:
         if marker == 0xDA:  # start of scan before any frame header
             return None
         if marker in _JPEG_SOF:
-            return _u16be(data, at + 7), _u16be(data, at + 5)  # SOF: length, precision, height, width
+            return at
         at += 2 + _u16be(data, at + 2)
     return None
 

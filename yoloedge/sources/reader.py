@@ -180,6 +180,7 @@ class CameraReader:
                 "images_skipped": counted.images_skipped,
                 "jpeg_decoder": counted.jpeg_decoder,
                 "decoder": counted.decoder,
+                "decoder_reason": counted.decoder_reason,
                 "frame_size": None if counted.frame_size is None else "{}x{}".format(*counted.frame_size),
                 "size_changes": counted.size_changes,
                 "last_frame_age_s": None if counted.last_good_at is None else round(now - counted.last_good_at, 3),

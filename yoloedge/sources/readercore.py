@@ -36,6 +36,7 @@ class ReaderCounters:
     images_skipped: int = 0
     #: the video decoder in use (`auto` resolved once a connection has opened the source)
     decoder: str = ""
+    decoder_reason: str | None = None  # why that one (`opening.Choice.reason`)
     jpeg_decoder: str | None = None  # the decoder the last opened source uses (folders, HTTP)
     error: str | None = None  # the failure the camera is in now; None once it streams again
     last_error: str | None = None  # the latest failure, kept after a recovery

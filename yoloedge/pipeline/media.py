@@ -1,0 +1,256 @@
+"""The Atlas cards' media engines of one accelerator group, as its cameras see them (`decoder: dvpp`).
+
+    reader thread: demux -> VdecChannel.send --(card decodes)--> report thread: on_picture
+                -> the camera's picture queue -> DvppSource.grab -> Frame.picture -> queues
+    preparer: CardPicture.letterbox_into (VPC on the card, into the model input slot) -> release
+
+A camera the card decodes is pinned to one device of its group: the device with the fewest such
+cameras when it is added (its decoder channel, picture ring and model input slots must all be in
+that card's memory). Each card's `DvppCard` (backends.dvpp: its context, DVPP channel, report
+thread) is opened when its first camera comes and closed with the group; a camera's decoder channel
+is opened at its first connection, kept across reconnects (the same codec and size reuse it), and
+closed when the camera is removed.
+
+Locks: `_lock` guards the cards and the cameras' assignments (a leaf: the card's own calls run
+outside it); each channel's `_ready` condition guards its picture queue, and is taken by the
+report thread (on_picture) and the camera's reader only.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..config.schema import AcceleratorConfig
+from ..errors import YoloedgeError
+from ..preprocess import Geometry
+from ..sources.base import SourceError
+
+if TYPE_CHECKING:
+    from ..sources.demux import StreamInfo
+
+log = logging.getLogger(__name__)
+
+#: decoded pictures a camera's ring holds beyond its queue: one being decoded, one with the reader,
+#: one being letterboxed by each of a few preparers
+RING_SLACK = 4
+
+
+class MediaError(YoloedgeError):
+    """A camera cannot be decoded on its card (the reason is safe to log)."""
+
+
+class CardPicture:
+    """A decoded picture in a card's DVPP memory, shared by the holders of its frame (see
+    `sources.frame.DevicePicture`): the last `release` gives it back to its channel's ring."""
+
+    __slots__ = ("_inner", "_card", "device", "width", "height", "pts_s", "_holders", "_lock")
+
+    def __init__(self, inner: Any, card: Any, device: str):
+        self._inner = inner
+        self._card = card
+        self.device = device
+        self.width = int(inner.width)
+        self.height = int(inner.height)
+        self.pts_s: float | None = inner.pts
+        self._holders = 1
+        self._lock = threading.Lock()
+
+    def hold(self) -> None:
+        with self._lock:
+            self._holders += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            last = self._holders == 0
+        if last:
+            self._inner.release()
+
+    def letterbox_into(self, address: int, width: int, height: int) -> Geometry:
+        geometry: Geometry = self._card.letterbox(self._inner, address, width, height)
+        return geometry
+
+    def to_bgr(self) -> np.ndarray:
+        image: np.ndarray = self._card.to_bgr(self._inner)
+        return image
+
+
+class _Channel:
+    """One camera's decoder channel, as `sources.dvpp.VideoDecoder`."""
+
+    def __init__(self, camera: str, device: str, card: Any, info: StreamInfo, ring: int):
+        self.camera = camera
+        self.device = device
+        self.key = (info.codec, info.width, info.height)
+        self._card = card
+        self._ready = threading.Condition()
+        self._pictures: collections.deque[CardPicture] = collections.deque()
+        self._error: str | None = None
+        self._vdec = card.open_vdec(camera, info.codec, info.width, info.height, ring, self._on_picture)
+
+    def _on_picture(self, picture: Any) -> None:
+        """The report thread: a picture came out of the decoder (or an error did)."""
+        with self._ready:
+            if getattr(picture, "error", None):
+                self._error = str(picture.error)
+                picture.release()
+            else:
+                self._pictures.append(CardPicture(picture, self._card, self.device))
+            self._ready.notify_all()
+
+    def send(self, data: bytes, pts_s: float | None) -> None:
+        try:
+            self._vdec.send(data, pts_s)
+        except YoloedgeError as exc:
+            raise SourceError(f"the card refused an access unit: {exc}") from exc
+
+    def next_picture(self, timeout_s: float) -> CardPicture | None:
+        with self._ready:
+            if not self._pictures and timeout_s > 0:
+                self._ready.wait_for(lambda: bool(self._pictures), timeout_s)
+            return self._pictures.popleft() if self._pictures else None
+
+    def flush(self, timeout_s: float) -> None:
+        self._vdec.flush()
+
+    @property
+    def error(self) -> str | None:
+        return self._error
+
+    def close(self) -> None:
+        """Give back the pictures nobody took, then close the channel on the card."""
+        with self._ready:
+            waiting, self._pictures = list(self._pictures), collections.deque()
+        for picture in waiting:
+            picture.release()
+        self._vdec.close()
+
+
+@dataclass
+class _Camera:
+    device_index: int
+    channel: _Channel | None = None
+
+
+class CameraMedia:
+    """A camera's way onto its card (`sources.dvpp.MediaEngine`)."""
+
+    def __init__(self, owner: GroupMedia, camera: str, device_index: int, ring: int):
+        self._owner = owner
+        self.camera = camera
+        self.device_index = device_index
+        self._ring = ring
+
+    @property
+    def device(self) -> str:
+        return self._owner.worker_name(self.device_index)
+
+    def unsupported(self, info: StreamInfo) -> str | None:
+        from ..backends.dvpp_limits import dvpp_unsupported
+        reason: str | None = dvpp_unsupported(info.codec, info.profile, info.pix_fmt, info.width, info.height)
+        return reason
+
+    def video_decoder(self, info: StreamInfo) -> _Channel:
+        return self._owner.channel(self.camera, info, self._ring)
+
+
+class GroupMedia:
+    """The media engines of one Ascend group's cards (module docstring)."""
+
+    def __init__(self, group: str, config: AcceleratorConfig):
+        self.group = group
+        self.config = config
+        self._lock = threading.Lock()
+        self._cards: dict[int, Any] = {}  # device index -> open DvppCard
+        self._cameras: dict[str, _Camera] = {}
+
+    def worker_name(self, index: int) -> str:
+        return f"{self.group}/{self.config.devices[index]}"
+
+    def for_camera(self, camera: str, queue_size: int = 2) -> CameraMedia:
+        """Pin `camera` to the card with the fewest cameras, opening that card's engine if needed."""
+        with self._lock:
+            entry = self._cameras.get(camera)
+            if entry is None:
+                load = collections.Counter(c.device_index for c in self._cameras.values())
+                index = min(range(len(self.config.devices)), key=lambda i: (load[i], i))
+                entry = self._cameras[camera] = _Camera(index)
+            index = entry.device_index
+        try:
+            self._card(index)
+        except Exception:
+            with self._lock:
+                self._cameras.pop(camera, None)
+            raise
+        return CameraMedia(self, camera, index, queue_size + RING_SLACK)
+
+    def _card(self, index: int) -> Any:
+        with self._lock:
+            card = self._cards.get(index)
+        if card is not None:
+            return card
+        from ..backends.dvpp import DvppCard  # pyACL, on first use
+        card = DvppCard(self.config.devices[index])
+        try:
+            card.open()
+        except YoloedgeError as exc:
+            raise MediaError(f"the media engine of {self.worker_name(index)} did not open: {exc}") from exc
+        with self._lock:
+            self._cards[index] = card
+        log.info("%s: the card's media engine (DVPP) is open", self.worker_name(index))
+        return card
+
+    def channel(self, camera: str, info: StreamInfo, ring: int) -> _Channel:
+        """The camera's decoder channel for this stream: the open one again when codec and size
+        are the same (a reconnect), else a new one in place of the old."""
+        with self._lock:
+            entry = self._cameras.get(camera)
+            if entry is None:
+                raise MediaError(f"camera {camera} is not on a card (removed?)")
+            card = self._cards[entry.device_index]
+            old = entry.channel
+        key = (info.codec, info.width, info.height)
+        if old is not None and old.key == key:
+            return old
+        if old is not None:
+            log.info("camera %s: the stream changed to %s %dx%d; its decoder channel is made again",
+                     camera, *key, extra={"camera": camera})
+            old.close()
+        channel = _Channel(camera, self.worker_name(entry.device_index), card, info, ring)
+        with self._lock:
+            entry.channel = channel
+        return channel
+
+    def remove_camera(self, camera: str) -> None:
+        with self._lock:
+            entry = self._cameras.pop(camera, None)
+        if entry is not None and entry.channel is not None:
+            entry.channel.close()
+
+    def status(self) -> dict[str, dict]:
+        """Per device: cameras on it and the card's own figures (channels, decoded frames)."""
+        with self._lock:
+            cards = dict(self._cards)
+            cameras = collections.Counter(c.device_index for c in self._cameras.values())
+        return {self.worker_name(i): {"cameras": cameras[i], **(card.status() if hasattr(card, "status") else {})}
+                for i, card in cards.items()}
+
+    def close(self) -> None:
+        """Every channel, then every card (idempotent)."""
+        with self._lock:
+            entries, self._cameras = list(self._cameras.values()), {}
+            cards, self._cards = list(self._cards.values()), {}
+        for entry in entries:
+            if entry.channel is not None:
+                try:
+                    entry.channel.close()
+                except YoloedgeError as exc:
+                    log.error("closing the decoder channel of camera %s failed: %s", entry.channel.camera, exc)
+        for card in cards:
+            card.close()
