@@ -120,6 +120,8 @@ class Profiling:
     @classmethod
     def start(cls, directory: str, device: int, batches: int, what: str) -> "Profiling | None":
         """Initialise and start profiling `device`; None when another backend is profiling."""
+        if not hasattr(acl, "prof"):
+            raise BackendError(f"{what}: ascend.profile is set but this pyACL has no acl.prof")
         with cls._lock:
             if cls._active is not None:
                 log.warning("%s: not profiled: %s is being profiled (one acl.prof session per process)",
