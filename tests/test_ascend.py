@@ -303,7 +303,7 @@ def test_async_execution_errors_surface_at_synchronize(tiny_om):
     backend = opened(tiny_om, max_batch=2, execute="async")
     try:
         _fake.fail("acl.mdl.execute_async", 507015, times=1)
-        with pytest.raises(AclError, match=r"acl\.rt\.synchronize_stream failed with 507015 \(ACL_ERROR_RT_AICORE_EXCEPTION"):
+        with pytest.raises(AclError, match=r"acl\.rt\.synchronize_event failed with 507015 \(ACL_ERROR_RT_AICORE_EXCEPTION"):
             backend.run(2)
         backend.run(2)
     finally:

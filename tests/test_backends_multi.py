@@ -103,7 +103,7 @@ def ascend_context_of(backend: AscendBackend) -> int:
 
 
 def device_pointers(backend) -> set[int]:
-    return {t.device_ptr for t in backend._tensors()}
+    return {p for t in backend._tensors() for p in (t.device_ptrs or [t.device_ptr])}
 
 
 # -- the scope itself ----------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_two_models_share_one_context_with_their_own_buffers(acl_process, models
     assert v8.input.height == 640 and yolox.input.height == 416
     # each its own buffers and datasets, allocated once; memory() is what the fake counted
     assert not device_pointers(v8.backend) & device_pointers(yolox.backend)
-    assert v8.backend._input_dataset != yolox.backend._input_dataset
+    assert not set(v8.backend._input_datasets) & set(yolox.backend._input_datasets)
     for detector, (device_bytes, host_bytes) in zip((v8, yolox), sizes):
         assert detector.backend.memory() == {"device_bytes": device_bytes, "host_bytes": host_bytes}
         assert device_bytes > 0 and host_bytes > 0
@@ -368,7 +368,7 @@ def test_the_fake_refuses_what_a_second_model_on_the_card_can_get_wrong(acl_proc
         a.run(1)  # a's datasets and memory are a's from their first run
         codes = {
             # a's datasets with b's model id (same layout: pyACL itself would run it on a's buffers)
-            "dataset of another model": acl.mdl.execute(b._model_id, a._input_dataset, a._output_dataset),
+            "dataset of another model": acl.mdl.execute(b._model_id, a._input_datasets[0], a._output_dataset),
             # the shared context while both models are loaded in it
             "context under loaded models": acl.rt.destroy_context(a._context),
             # a buffer freed twice

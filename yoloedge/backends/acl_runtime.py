@@ -259,6 +259,7 @@ class DeviceContext:
     memcpy_in: int = ACL_MEMCPY_HOST_TO_DEVICE
     memcpy_out: int = ACL_MEMCPY_DEVICE_TO_HOST
     soc: str = ""
+    cann: str = ""  # "major.minor.patch" from acl.get_version
     undo: UndoStack = field(default_factory=UndoStack)
 
 
@@ -284,7 +285,21 @@ def open_context(device: int) -> DeviceContext:
     if run_mode == ACL_DEVICE:  # on the card's own CPU "host" memory is device memory
         ctx.memcpy_in = ctx.memcpy_out = ACL_MEMCPY_DEVICE_TO_DEVICE
     ctx.soc = acl.get_soc_name() if hasattr(acl, "get_soc_name") else ""
+    ctx.cann = cann_version()
     return ctx
+
+
+def cann_version() -> str:
+    """"major.minor.patch" of the CANN runtime (`acl.get_version` -> (major, minor, patch, ret));
+    "" where this pyACL has no such call or it fails (logged)."""
+    if not hasattr(acl, "get_version"):
+        return ""
+    *parts, ret = acl.get_version()
+    if ret != ACL_SUCCESS:
+        name, meaning = describe_code(ret)
+        log.warning("acl.get_version returned %s (%s: %s)", ret, name, meaning)
+        return ""
+    return ".".join(str(int(p)) for p in parts)
 
 
 def close_context(ctx: DeviceContext) -> None:

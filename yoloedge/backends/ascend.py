@@ -4,14 +4,18 @@ Lifecycle, all on the worker thread that owns the card (pyACL binds contexts to 
 
     open:  [acl.init, first backend of the process]  [set_device -> create_context -> create_stream,
            first backend of the device scope] -> create_desc -> load_from_file -> get_desc -> device
-           memory (sized for the largest batch gear) + pinned host memory (acl.rt.malloc_host: one
-           buffer per input set and per output set) -> data buffers -> input/output datasets (the
-           input dataset includes `ascend_mbatch_shape_data` on dynamic-batch models)
-    run:   set_context -> memcpy in (only the frames of this batch, from the chosen input set) ->
-           set_dynamic_batch_size (smallest gear >= n) -> execute (or execute_async +
-           synchronize_stream) -> memcpy out (into the chosen output set)
-    close: exactly the reverse: datasets, data buffers, device and host memory, unload, destroy
-           desc, [stream, context, reset_device, last backend of the device scope],
+           memory (sized for the largest batch gear; the image input one buffer per input set) +
+           pinned host memory (acl.rt.malloc_host: one buffer per input set and per output set)
+           -> data buffers -> one input dataset per input set (with its own
+           `ascend_mbatch_shape_data` on dynamic-batch models), one output dataset -> [async: four
+           events] -> [ascend.profile: acl.prof init/create_config/start]
+    run:   set_context -> set_dynamic_batch_size (smallest gear >= n) -> copy in (only the frames
+           of this batch, from the chosen input set to its device buffer) -> execute -> copy out
+           (into the chosen output set). sync: memcpy, execute, memcpy, timed by the host clock;
+           async: record, memcpy_async, record, execute_async, record, memcpy_async(s), record,
+           synchronize_event, the steps timed by event_elapsed_time (`last_timing`)
+    close: exactly the reverse: [profiling], events, datasets, data buffers, device and host memory,
+           unload, destroy desc, [stream, context, reset_device, last backend of the device scope],
            [acl.finalize, last backend of the process]
 
 Several models on one card: the backends of one device scope (`base.DeviceScope`: one worker
@@ -20,6 +24,8 @@ own description, datasets and buffers. One stream, not one per model: the worker
 at a time and each run ends synchronised (execute, or execute_async + synchronize_stream), so a
 second stream would overlap nothing, and fewer streams is less of what a card has a limited number
 of. A backend given no scope opens a private one: its own context and stream, as with one model.
+Async does not overlap batches yet (the worker takes a batch's outputs before it hands over the
+next); the per-set device buffers and the events are what a second queued batch would need.
 
 Every acquisition pushes its own undo step, so `close` (and a failed `open`) release precisely
 what was acquired, in reverse order, and a failing step does not stop the ones after it. The
@@ -28,9 +34,10 @@ other backends that own pinned host buffers; this module holds only the device c
 
 The letterbox writes straight into the pinned host memory: each of `input_buffers` is a numpy view
 of one pinned input set (`acl.util.ptr_to_numpy`), and the arrays `run` returns are views of one
-pinned output set. Several host sets share one device buffer per tensor: the copy to the device
-happens inside `run`, on the worker thread, so only the host side needs a set per batch in flight
-(one being filled by pre-processing while another is copied and executed). Shapes and data types come from
+pinned output set. Each input set has its own device buffer (`_input_device_buffer`, the one place
+it is allocated) and input dataset, so a copy queued on the stream for one set never overwrites
+what another set's batch reads; the outputs share one device buffer per tensor, copied out inside
+`run`. Shapes and data types come from
 the model description, so an `.om` with AIPP (uint8 NHWC input, normalised on the NPU) and one
 without (float32/float16 NCHW) both work, and an `.om` exported without its Detect layer exposes
 its raw feature maps for the `raw` decoder. An `.om` carries no Ultralytics metadata: labels and
@@ -48,9 +55,10 @@ import numpy as np
 from ..config.ascend import EXECUTE_MODES, AscendConfig
 from ..errors import BackendError, ModelError
 from ..model.spec import DYNAMIC, ModelSpec
+from . import acl_observe as observe
 from . import acl_runtime as rt
 from .acl_runtime import check, checked
-from .base import require_model_file
+from .base import BatchTiming, require_model_file
 from .device import DeviceTensor, PinnedDeviceBackend
 from .npu_smi import NPU_SMI
 
@@ -98,6 +106,7 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
 
     name = "ascend"
     fixed_when = "at conversion"
+    device_input_per_set = True
 
     def __init__(self, model_path: str, config: AscendConfig | None = None):
         config = config or AscendConfig()
@@ -116,8 +125,14 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         self._model_id: int | None = None
         self._desc = 0
         self._mbatch: Tensor | None = None  # ascend_mbatch_shape_data, dynamic-batch models only
-        self._input_dataset = 0
+        self._input_datasets: list[int] = []  # one per input set: each binds that set's device buffers
         self._output_dataset = 0
+        self._events: observe.StepEvents | None = None  # async with pinned views only
+        self._async_copies = False  # async with pinned views: copies queued on the stream too
+        self._model_soc: str | None = None  # the --soc_version the .om was built for, where found
+        self._cann = ""
+        self._problems: list[str] = []
+        self._profiler: observe.Profiling | None = None
         self._model_batch = 0  # the static batch, or the largest gear
         self._gears: tuple[int, ...] = ()  # usable dynamic-batch gears; () for a static batch
         self._gear_for: list[int] = []  # n -> gear to run a batch of n frames
@@ -142,6 +157,13 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         self._describe(max_batch)
         self._allocate(input_sets, output_sets)
         self._build_datasets()
+        if self._async_copies:
+            self._events = observe.StepEvents(self._undo, self._stream)
+        if self.config.profile:
+            self._profiler = observe.Profiling.start(self.config.profile, self.config.device_id,
+                                                self.config.profile_batches, self.model_path)
+            if self._profiler is not None:
+                self._undo.push("stop profiling", self._profiler.stop)
         spec = self._spec = self._model_spec()
         log.info("loaded %s on %s: input %s %s%s, outputs %s", self.model_path, self.description,
                  spec.input.name, list(spec.input.shape), " (AIPP)" if self.aipp else "",
@@ -156,6 +178,7 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         check(acl.rt.set_context(shared.context), "acl.rt.set_context", f"device {device}")
         self._context, self._stream = shared.context, shared.stream
         self._memcpy_in, self._memcpy_out, self._soc = shared.memcpy_in, shared.memcpy_out, shared.soc
+        self._cann = shared.cann
 
     def _load_model(self) -> None:
         desc = acl.mdl.create_desc()
@@ -168,14 +191,19 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         self._model_id = model_id
         self._undo.push("unload model", lambda: check(acl.mdl.unload(model_id), "acl.mdl.unload"))
         check(acl.mdl.get_desc(desc, model_id), "acl.mdl.get_desc")
+        self._model_soc = observe.model_soc(self.model_path)
+        problem = observe.soc_problem(self.model_path, self._model_soc, self._soc, self.config.device_id)
+        if problem:
+            log.warning("%s", problem)
+            self._problems.append(problem)
 
     # -- what the model wants ------------------------------------------------------------------
     def _describe(self, max_batch: int) -> None:
         """Everything about the tensors comes from the model description: the batch gears, the
         batch-size input, the image input (AIPP or not) and the outputs."""
         desc = self._desc
-        gears = self._dynamic_gears()
-        mbatch = self._mbatch_index()
+        gears = dynamic_gears(desc)
+        mbatch = mbatch_index(desc)
         if gears and mbatch is None:
             raise ModelError(f"{self.model_path}: dynamic batch gears {list(gears)} but no "
                              f"{rt.ACL_DYNAMIC_TENSOR_NAME} input")
@@ -191,23 +219,13 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         if self._model_batch < 1:
             raise ModelError(f"{self.model_path}: input batch {dims[0]} without dynamic batch gears")
         self._plan_batches(gears, max_batch)
-        self._input = self._image_input(images[0], dims, name)
+        self._input, self.aipp = image_tensor(self.model_path, desc, self._model_id, images[0], dims, name,
+                                              self._model_batch)
         if mbatch is not None:
             size = acl.mdl.get_input_size_by_index(desc, mbatch)
             self._mbatch = Tensor(rt.ACL_DYNAMIC_TENSOR_NAME, np.dtype(np.int64), (1,), size, size, mbatch)
-        self._outputs = [self._output(i) for i in range(acl.mdl.get_num_outputs(desc))]
-
-    def _dynamic_gears(self) -> tuple[int, ...]:
-        """The --dynamic_batch_size gears, sorted; () for a fixed-batch model (batchCount 0)."""
-        info = checked(acl.mdl.get_dynamic_batch(self._desc), "acl.mdl.get_dynamic_batch")
-        if not info or not info.get("batchCount"):
-            return ()
-        return tuple(sorted(int(g) for g in info["batch"][:info["batchCount"]]))
-
-    def _mbatch_index(self) -> int | None:
-        """Index of the batch-size input; pyACL answers a non-zero ret when the model has none."""
-        index, ret = acl.mdl.get_input_index_by_name(self._desc, rt.ACL_DYNAMIC_TENSOR_NAME)
-        return int(index) if ret == rt.ACL_SUCCESS else None
+        self._outputs = [output_tensor(self.model_path, desc, i, self._model_batch)
+                         for i in range(acl.mdl.get_num_outputs(desc))]
 
     def _plan_batches(self, gears: tuple[int, ...], max_batch: int) -> None:
         """Capacity: `max_batch` frames, at most the largest gear or the static batch. Each n <=
@@ -225,59 +243,24 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
             log.info("%s: batches of up to %d frames (asked for %d; the model's %s)", self.model_path,
                      self._capacity, max_batch, f"gears are {list(gears)}" if gears else "batch is fixed")
 
-    def _image_input(self, index: int, dims: list[int], name: str) -> Tensor:
-        """Sizes per frame from the description (which sizes the largest gear); uint8 means AIPP."""
-        desc = self._desc
-        size = acl.mdl.get_input_size_by_index(desc, index)
-        dtype = numpy_dtype(self.model_path, acl.mdl.get_input_data_type(desc, index), "input")
-        self.aipp = has_static_aipp(self.model_path, self._model_id, index) or dtype == np.uint8
-        if len(dims) != 4 or min(dims[1:]) < 1:
-            raise ModelError(f"{self.model_path}: expected a 4-D image input with fixed size, got {dims}")
-        if size % self._model_batch:
-            raise ModelError(f"{self.model_path}: input size {size} is not a multiple of the batch {self._model_batch}")
-        item_bytes = size // self._model_batch
-        shape: tuple[int, ...]
-        if self.aipp:
-            dtype, shape = np.dtype(np.uint8), aipp_shape(self.model_path, desc, dims, index, item_bytes)
-        else:
-            shape = tuple(dims[1:])
-            if math.prod(shape) * dtype.itemsize != item_bytes:
-                raise ModelError(f"{self.model_path}: input dims {dims} of {dtype} do not fill its "
-                                 f"{size} bytes")
-        return Tensor(name, dtype, shape, item_bytes, size, index)
-
-    def _output(self, index: int) -> Tensor:
-        """Shape and type per frame from the description: raw feature maps come out as they are,
-        for the `raw` decoder. The device buffer holds the largest gear whatever the description
-        says its size is (that value is not confirmed for dynamic-batch models)."""
-        desc = self._desc
-        dims, name = tensor_dims(acl.mdl.get_output_dims(desc, index), "acl.mdl.get_output_dims", f"output{index}")
-        dtype = numpy_dtype(self.model_path, acl.mdl.get_output_data_type(desc, index), f"output {index}")
-        size = acl.mdl.get_output_size_by_index(desc, index)
-        shape = tuple(dims[1:])
-        if not shape or min(shape) < 1:
-            raise ModelError(f"{self.model_path}: output {index} has dims {dims}; outputs with dynamic "
-                             f"shapes are not supported")
-        item_bytes = math.prod(shape) * dtype.itemsize
-        if size < item_bytes * self._model_batch:
-            log.debug("%s: output %d is described as %d bytes, %d needed for batch %d", self.model_path,
-                      index, size, item_bytes * self._model_batch, self._model_batch)
-        return Tensor(name, dtype, shape, item_bytes, max(size, item_bytes * self._model_batch), index)
-
     # -- buffers -------------------------------------------------------------------------------
     def _allocate(self, input_sets: int, output_sets: int) -> None:
         """Device buffers as the description sizes them; pinned host buffers for `capacity`
         frames, one per input set (the image input) and per output set (every output)."""
         self._allocate_sets(input_sets, output_sets)
         inp = self._image
-        if self._mbatch is not None:
-            self._mbatch.device_ptr = self._malloc(self._mbatch.device_bytes)
-        if any(h.staged for t in (inp, *self._outputs) for h in t.hosts):
+        if self._mbatch is not None:  # one per input set, as the dataset it belongs to
+            self._mbatch.device_ptrs = [self._malloc(self._mbatch.device_bytes) for _ in range(input_sets)]
+            self._mbatch.device_ptr = self._mbatch.device_ptrs[0]
+        staged = any(h.staged for t in (inp, *self._outputs) for h in t.hosts)
+        if staged:
             log.warning("%s: pyACL gives no shared numpy view of pinned memory here; every run copies "
-                        "through bytes (slower)", self.model_path)
-        for array in inp.arrays:
-            array[...] = 0
-        self._copy_input(inp, self._capacity, 0)  # padding slots of a gear start as zeros, not garbage
+                        "through bytes (slower%s)", self.model_path,
+                        "; execute: async runs its copies synchronously" if self.config.execute == "async" else "")
+        self._async_copies = self.config.execute == "async" and not staged
+        for input_set, array in enumerate(inp.arrays):
+            array[...] = 0  # padding slots of a gear start as zeros, not garbage
+            self._copy_in_now(inp, self._capacity, input_set)
 
     def _malloc(self, nbytes: int) -> int:
         ptr = checked(acl.rt.malloc(int(nbytes), rt.ACL_MEM_MALLOC_HUGE_FIRST), "acl.rt.malloc", f"{nbytes} bytes")
@@ -291,15 +274,16 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         return host, host.array
 
     def _build_datasets(self) -> None:
-        """Data buffers wrapping the device buffers, then one dataset for inputs, one for outputs."""
+        """Data buffers wrapping the device buffers, then one input dataset per input set (its own
+        image and batch-size buffers), one output dataset."""
         inputs = sorted([t for t in (self._input, self._mbatch) if t is not None], key=lambda t: t.index)
-        in_buffers = [self._data_buffer(t) for t in inputs]
-        out_buffers = [self._data_buffer(t) for t in self._outputs]
-        self._input_dataset = self._dataset(in_buffers)
+        in_buffers = [[self._data_buffer(t, t.device_ptrs[s]) for t in inputs] for s in range(len(self._image.hosts))]
+        out_buffers = [self._data_buffer(t, t.device_ptr) for t in self._outputs]
+        self._input_datasets = [self._dataset(buffers) for buffers in in_buffers]  # one per input set
         self._output_dataset = self._dataset(out_buffers)
 
-    def _data_buffer(self, tensor: Tensor) -> int:
-        buffer = acl.create_data_buffer(tensor.device_ptr, tensor.device_bytes)
+    def _data_buffer(self, tensor: Tensor, device_ptr: int) -> int:
+        buffer = acl.create_data_buffer(device_ptr, tensor.device_bytes)
         if not buffer:
             raise BackendError(f"acl.create_data_buffer returned no buffer for {tensor.name}")
         self._undo.push("destroy data buffer",
@@ -330,10 +314,19 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         return self._gears or (self._model_batch,)
 
     @property
+    def warm_up_batches(self) -> tuple[int, ...]:
+        """One batch per gear (each gear's first run loads its own kernels): the gear itself, or
+        the capacity for the gear a full batch runs on; one frame for a fixed-batch model."""
+        if len(self._gears) <= 1:
+            return (1,)
+        return tuple(sorted({1} | {min(g, self._capacity) for g in self._gears}))
+
+    @property
     def description(self) -> str:
         batch = "gears " + "/".join(map(str, self._gears)) if self._gears else f"batch {self._model_batch}"
+        cann = f" CANN {self._cann}" if self._cann else ""
         soc = f" {self._soc}" if self._soc else ""
-        return f"ascend{soc} device {self.config.device_id} ({self.config.execute}, {batch})"
+        return f"ascend{cann}{soc} device {self.config.device_id} ({self.config.execute}, {batch})"
 
     def _activate(self, detail: str = "") -> None:
         if self._context:  # pyACL binds contexts to threads
@@ -343,32 +336,79 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         """A dynamic-batch model runs the smallest gear >= n."""
         if self._mbatch is not None:
             gear = self._gear_for[n]
-            check(acl.mdl.set_dynamic_batch_size(self._model_id, self._input_dataset, self._mbatch.index, gear),
+            dataset = self._input_datasets[self._input_set]
+            check(acl.mdl.set_dynamic_batch_size(self._model_id, dataset, self._mbatch.index, gear),
                   "acl.mdl.set_dynamic_batch_size", f"batch {gear}")
 
     def _copy_input(self, inp: Tensor, n: int, input_set: int) -> None:
+        if self._events is None:
+            self._copy_in_now(inp, n, input_set)
+            return
+        count = n * inp.item_bytes
+        self._events.record(observe.StepEvents.COPY_IN)
+        check(acl.rt.memcpy_async(inp.device_ptrs[input_set], inp.device_bytes, inp.hosts[input_set].ptr, count,
+                                  self._memcpy_in, self._stream),
+              "acl.rt.memcpy_async", f"input {inp.name}, {count} bytes to the device")
+
+    def _copy_in_now(self, inp: Tensor, n: int, input_set: int) -> None:
+        """The synchronous copy of the first n frames of an input set to that set's device buffer."""
         host = inp.hosts[input_set]
         count = n * inp.item_bytes
         src, keep_alive = host.source(count)
         kind = rt.ACL_MEMCPY_HOST_TO_DEVICE if host.staged else self._memcpy_in
-        check(acl.rt.memcpy(inp.device_ptr, inp.device_bytes, src, count, kind), "acl.rt.memcpy",
+        check(acl.rt.memcpy(inp.device_ptrs[input_set], inp.device_bytes, src, count, kind), "acl.rt.memcpy",
               f"input {inp.name}, {count} bytes to the device")
         del keep_alive
 
     def _execute(self) -> None:
-        if self.config.execute == "async":
-            check(acl.mdl.execute_async(self._model_id, self._input_dataset, self._output_dataset, self._stream),
+        dataset = self._input_datasets[self._input_set]
+        if self._events is not None:
+            self._events.record(observe.StepEvents.EXECUTE)
+            check(acl.mdl.execute_async(self._model_id, dataset, self._output_dataset, self._stream),
+                  "acl.mdl.execute_async")
+            self._events.record(observe.StepEvents.COPY_OUT)
+        elif self.config.execute == "async":  # staged copies: only the execution is queued
+            check(acl.mdl.execute_async(self._model_id, dataset, self._output_dataset, self._stream),
                   "acl.mdl.execute_async")
             check(acl.rt.synchronize_stream(self._stream), "acl.rt.synchronize_stream")
         else:
-            check(acl.mdl.execute(self._model_id, self._input_dataset, self._output_dataset), "acl.mdl.execute")
+            check(acl.mdl.execute(self._model_id, dataset, self._output_dataset), "acl.mdl.execute")
 
     def _copy_output(self, out: Tensor, n: int, output_set: int) -> None:
         host = out.hosts[output_set]
         count = n * out.item_bytes
+        if self._events is not None:
+            check(acl.rt.memcpy_async(host.ptr, host.nbytes, out.device_ptr, count, self._memcpy_out, self._stream),
+                  "acl.rt.memcpy_async", f"output {out.name}, {count} bytes from the device")
+            return
         check(acl.rt.memcpy(host.ptr, host.nbytes, out.device_ptr, count, self._memcpy_out),
               "acl.rt.memcpy", f"output {out.name}, {count} bytes from the device")
         host.landed(count)
+
+    def _synchronize(self) -> None:
+        """Async: wait for the event after the last copy-out (the stream runs in order, so every
+        copy and the execution before it are done); then count the batch for the profiler."""
+        if self._events is not None:
+            self._events.wait()
+        if self._profiler is not None and self._profiler.batch_done():
+            self._profiler = None
+
+    def _timing(self, host: tuple[float, float, float, float]) -> BatchTiming | None:
+        """Async: the device's own times between the events; sync: the host clock around each
+        synchronous call; async with staged copies: the whole run counts as execution."""
+        if self._events is not None:
+            return self._events.timing()
+        if self.config.execute == "sync":
+            return BatchTiming(host[1] - host[0], host[2] - host[1], host[3] - host[2], "host")
+        return super()._timing(host)
+
+    def runtime_info(self) -> dict | None:
+        """The CANN version, the card's SoC and the .om's, and what is wrong with them; no pyACL
+        call (read once at open), so any thread may ask."""
+        if self._spec is None:
+            return None
+        return {"cann": self._cann or None, "soc": self._soc or None, "model_soc": self._model_soc,
+                "problems": list(self._problems)}
 
     # -- telemetry -----------------------------------------------------------------------------
     def telemetry(self) -> dict | None:
@@ -381,6 +421,60 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
 
 
 # -- reading the model description ---------------------------------------------------------------
+def dynamic_gears(desc: int) -> tuple[int, ...]:
+    """The --dynamic_batch_size gears, sorted; () for a fixed-batch model (batchCount 0)."""
+    info = checked(acl.mdl.get_dynamic_batch(desc), "acl.mdl.get_dynamic_batch")
+    if not info or not info.get("batchCount"):
+        return ()
+    return tuple(sorted(int(g) for g in info["batch"][:info["batchCount"]]))
+
+
+def mbatch_index(desc: int) -> int | None:
+    """Index of the batch-size input; pyACL answers a non-zero ret when the model has none."""
+    index, ret = acl.mdl.get_input_index_by_name(desc, rt.ACL_DYNAMIC_TENSOR_NAME)
+    return int(index) if ret == rt.ACL_SUCCESS else None
+
+
+def image_tensor(model_path: str, desc: int, model_id: int | None, index: int, dims: list[int], name: str,
+                 model_batch: int) -> tuple[Tensor, bool]:
+    """The image input, sized per frame from the description (which sizes the largest gear), and
+    whether it takes AIPP frames (uint8 means AIPP)."""
+    size = acl.mdl.get_input_size_by_index(desc, index)
+    dtype = numpy_dtype(model_path, acl.mdl.get_input_data_type(desc, index), "input")
+    aipp = has_static_aipp(model_path, model_id, index) or dtype == np.uint8
+    if len(dims) != 4 or min(dims[1:]) < 1:
+        raise ModelError(f"{model_path}: expected a 4-D image input with fixed size, got {dims}")
+    if size % model_batch:
+        raise ModelError(f"{model_path}: input size {size} is not a multiple of the batch {model_batch}")
+    item_bytes = size // model_batch
+    shape: tuple[int, ...]
+    if aipp:
+        dtype, shape = np.dtype(np.uint8), aipp_shape(model_path, desc, dims, index, item_bytes)
+    else:
+        shape = tuple(dims[1:])
+        if math.prod(shape) * dtype.itemsize != item_bytes:
+            raise ModelError(f"{model_path}: input dims {dims} of {dtype} do not fill its {size} bytes")
+    return Tensor(name, dtype, shape, item_bytes, size, index), aipp
+
+
+def output_tensor(model_path: str, desc: int, index: int, model_batch: int) -> Tensor:
+    """Shape and type per frame from the description: raw feature maps come out as they are, for
+    the `raw` decoder. The device buffer holds the largest gear whatever the description says its
+    size is (that value is not confirmed for dynamic-batch models)."""
+    dims, name = tensor_dims(acl.mdl.get_output_dims(desc, index), "acl.mdl.get_output_dims", f"output{index}")
+    dtype = numpy_dtype(model_path, acl.mdl.get_output_data_type(desc, index), f"output {index}")
+    size = acl.mdl.get_output_size_by_index(desc, index)
+    shape = tuple(dims[1:])
+    if not shape or min(shape) < 1:
+        raise ModelError(f"{model_path}: output {index} has dims {dims}; outputs with dynamic "
+                         f"shapes are not supported")
+    item_bytes = math.prod(shape) * dtype.itemsize
+    if size < item_bytes * model_batch:
+        log.debug("%s: output %d is described as %d bytes, %d needed for batch %d", model_path,
+                  index, size, item_bytes * model_batch, model_batch)
+    return Tensor(name, dtype, shape, item_bytes, max(size, item_bytes * model_batch), index)
+
+
 def tensor_dims(result, call: str, default_name: str) -> tuple[list[int], str]:
     """`get_input_dims` / `get_output_dims` answer {"name", "dimCount", "dims"}."""
     info = checked(result, call)

@@ -46,6 +46,19 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class BatchTiming:
+    """Where the device time of the last batch went (seconds): copying the frames in, executing,
+    copying the outputs out. A backend that cannot tell the copies apart says None for them and
+    puts everything in `execute_s`. `source` says how it was measured: "events" (the device's own
+    timestamps) or "host" (a clock around synchronous calls)."""
+
+    copy_in_s: float | None
+    execute_s: float
+    copy_out_s: float | None
+    source: str = "host"
+
+
 @dataclass
 class _Shared:
     value: Any
@@ -178,6 +191,12 @@ class Backend(ABC):
         return (self.max_batch,)
 
     @property
+    def warm_up_batches(self) -> tuple[int, ...]:
+        """The batch sizes to run once before the device reports ready: (1,) by default; a backend
+        whose first run of each native batch size is slow (an .om's gears) names one per size."""
+        return (1,)
+
+    @property
     def description(self) -> str:
         """One line for logs and status: runtime, device, provider."""
         return self.name
@@ -196,6 +215,17 @@ class Backend(ABC):
         `open`. The default shares nothing (one ONNX Runtime session per model needs nothing of
         the others), so it only accepts the scope."""
         log.debug("%s: nothing to share in %r", self.model_path, scope)
+
+    def last_timing(self) -> BatchTiming | None:
+        """The split of the last successful `run` (see `BatchTiming`), read by the worker thread
+        right after `run` returned; None (the default) where the backend does not measure it."""
+        return None
+
+    def runtime_info(self) -> dict | None:
+        """What status shows of the runtime under the model (versions, chip) and the problems
+        found with it at open ({"problems": [...]}, more keys per backend); None by default.
+        Called from other threads: makes no device call."""
+        return None
 
     def memory(self) -> dict | None:
         """What this model's buffers take, from what `open` allocated: {"device_bytes": int,

@@ -11,7 +11,9 @@ outputs out into one of several output sets. What they share is here, once:
   `open` release precisely what was acquired, newest first;
 * the tensors (`DeviceTensor`): one device buffer each, and one pinned host buffer per input set
   (the image input) or per output set (every output), with typed numpy views of those;
-* `run`: its argument checks, then the device's steps in a fixed order (the hooks below);
+* `run`: its argument checks, then the device's steps in a fixed order (the hooks below), and the
+  split of its time (`last_timing`: host clock readings between the steps, which the backend turns
+  into copy-in / execute / copy-out, or its device events);
 * `close`: bind the device on the closing thread (which may not be the one that opened), unwind,
   reset, raise the first failure and log the rest.
 
@@ -26,6 +28,8 @@ A backend implements these hooks, and nothing else of the above:
     _execute()                        run the model
     _copy_output(out, n, output_set)  the first n items of an output to its output set
     _synchronize()                    wait for the queued work (optional)
+    _timing(host) -> BatchTiming      the split of the run (optional: all of it as execution)
+    _input_device_buffer(nbytes)      an input set's device buffer, with device_input_per_set (optional)
     _output_batch() -> int            the outputs' batch axis in the spec (DYNAMIC or fixed)
     _imgsz() -> (h, w)                the model's fixed input size
     _settle()                         process-wide bookkeeping after open/close (optional)
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, TypeVar
@@ -56,7 +61,7 @@ import numpy as np
 
 from ..errors import BackendError
 from ..model.spec import ModelMetadata, ModelSpec, TensorSpec
-from .base import Backend, DeviceScope, check_open_request, warn_fixed_imgsz
+from .base import Backend, BatchTiming, DeviceScope, check_open_request, warn_fixed_imgsz
 from .undo import UndoStack, raise_collected
 
 log = logging.getLogger(__name__)
@@ -77,6 +82,9 @@ class DeviceTensor(Generic[HostT]):
     device_bytes: int  # the device buffer: the largest batch the model runs
     index: int = 0  # its position among the model's inputs or outputs, where the runtime needs it
     device_ptr: int = 0
+    #: one device buffer per input set where the backend asks for that (`device_input_per_set`);
+    #: `device_ptr` is then the first of them
+    device_ptrs: list[int] = field(default_factory=list)
     hosts: list[HostT] = field(default_factory=list)  # one pinned buffer per input/output set
     arrays: list[np.ndarray] = field(default_factory=list)  # [capacity, *item_shape] views of them
 
@@ -84,6 +92,10 @@ class DeviceTensor(Generic[HostT]):
 class PinnedDeviceBackend(Backend, Generic[HostT]):
     #: where the model's input size was fixed, for the warning when `model.imgsz` differs
     fixed_when = "at conversion"
+    #: one device buffer for the image input per input set (True), or one shared by every set:
+    #: a backend whose copies are queued on a stream needs its own per set, so that the copy-in of
+    #: one set never overwrites what another queued batch still reads
+    device_input_per_set = False
 
     def __init__(self, model_path: str, config: Any):
         super().__init__(str(model_path), config)
@@ -100,6 +112,8 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
         self._capacity = 0  # frames per run() call
         self._scope: DeviceScope | None = None  # the one in use from open to close
         self._memory: dict | None = None  # memory(): set at the end of open
+        self._input_set = 0  # the input set of the run in progress (the hooks read it)
+        self._last_timing: BatchTiming | None = None
 
     # -- sharing with the other models of the incarnation ----------------------------------------
     def use_scope(self, scope: DeviceScope) -> None:
@@ -131,7 +145,7 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
         """From what `_allocate_sets` (and the backend) allocated: one device buffer per tensor,
         one pinned host buffer of `capacity` items per set."""
         tensors = self._tensors()
-        return {"device_bytes": sum(t.device_bytes for t in tensors if t.device_ptr),
+        return {"device_bytes": sum(t.device_bytes * max(1, len(t.device_ptrs)) for t in tensors if t.device_ptr),
                 "host_bytes": sum(len(t.hosts) * self._capacity * t.item_bytes for t in tensors)}
 
     # -- open ----------------------------------------------------------------------------------
@@ -177,7 +191,11 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
         set (the image input) and per output set (every output), with their typed views."""
         inp = self._image
         for tensor, sets in ((inp, input_sets), *((o, output_sets) for o in self._outputs)):
-            tensor.device_ptr = self._malloc(tensor.device_bytes)
+            if tensor is inp and self.device_input_per_set:
+                tensor.device_ptrs = [self._input_device_buffer(tensor.device_bytes) for _ in range(sets)]
+                tensor.device_ptr = tensor.device_ptrs[0]
+            else:
+                tensor.device_ptr = self._malloc(tensor.device_bytes)
             host_bytes = self._capacity * tensor.item_bytes
             for _ in range(sets):
                 host, raw = self._pinned(host_bytes)
@@ -187,6 +205,11 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
     @abstractmethod
     def _malloc(self, nbytes: int) -> int:
         """`nbytes` of device memory; pushes its release."""
+
+    def _input_device_buffer(self, nbytes: int) -> int:
+        """The device buffer of one input set (`device_input_per_set`); plain device memory by
+        default (a backend whose card fills the input itself allocates it where that can write)."""
+        return self._malloc(nbytes)
 
     @abstractmethod
     def _pinned(self, nbytes: int) -> tuple[HostT, np.ndarray]:
@@ -240,13 +263,29 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
             if not 0 <= output_set < len(self._outputs[0].hosts):
                 raise BackendError(f"output set {output_set} outside 0..{len(self._outputs[0].hosts) - 1}")
             self._activate()
+            self._input_set = input_set
+            self._last_timing = None
             self._set_batch_for(n)
+            t0 = time.perf_counter()
             self._copy_input(inp, n, input_set)
+            t1 = time.perf_counter()
             self._execute()
+            t2 = time.perf_counter()
             for out in self._outputs:
                 self._copy_output(out, n, output_set)
             self._synchronize()
+            self._last_timing = self._timing((t0, t1, t2, time.perf_counter()))
             return [out.arrays[output_set][:n] for out in self._outputs]
+
+    def last_timing(self) -> BatchTiming | None:
+        return self._last_timing
+
+    def _timing(self, host: tuple[float, float, float, float]) -> BatchTiming | None:
+        """The split of the run that just ended, from the host clock read before the copy-in, the
+        execution, the copy-out and after the synchronisation. By default all of it counts as
+        execution: the steps may be queued on a stream, so the host cannot tell them apart. A
+        backend with synchronous steps, or with device events, says more."""
+        return BatchTiming(None, host[3] - host[0], None)
 
     @abstractmethod
     def _activate(self, detail: str = "") -> None:

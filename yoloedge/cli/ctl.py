@@ -38,7 +38,10 @@ Requests and replies are one JSON line each (see `yoloedge.control.server`).
                        "p50_ms": float | null, "p99_ms": float | null, "batch_p50": float | null,
                        "queue_depth": int (frames taken in, not yet on the device),
                        "in_flight": bool, "errors": int, "frames_lost": int, "restarts": int,
-                       "description": str}],
+                       "copy_in_p50_ms" / "execute_p50_ms" / "copy_out_p50_ms": float | null (the
+                       steps of a batch, where the backend times them apart: Ascend),
+                       "description": str, "runtime": {"cann": str, "soc": str, "model_soc": str,
+                       "problems": [str]} | null (Ascend)}],
      "cameras": [{"name": str, "url": str (display form: no credentials), "state": str,
                   "fps_in": float, "fps_out": float, "drops": int, "reconnects": int,
                   "stalls": int, "images_skipped": int | null (image folders: files refused),

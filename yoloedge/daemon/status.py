@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from .. import __version__
 from ..health.progress import Problem
 from ..pipeline.worker import WorkerState
+from ..pipeline.workerreport import runtime_problems
 from ..sources.state import CameraState
 from ..timeutil import utc_timestamp
 from .state import DaemonState
@@ -187,6 +188,7 @@ def find_problems(daemon: Daemon) -> list[Problem]:
                 problems.append(Problem(w.worker_name, f"failed to start: {w.startup_error}"))
             for model, error in w.failed_models.items():
                 problems.append(Problem(w.worker_name, f"model {model} could not be loaded: {error}"))
+            problems += [Problem(w.worker_name, text) for text in runtime_problems(w)]
     now = time.monotonic()
     with daemon.cameras.lock:
         for cam in daemon.cameras.runtimes.values():

@@ -73,13 +73,17 @@ class Detector:
         return self.backend.max_batch
 
     def warm_up(self) -> None:
-        """Run one batch of blank frames so lazy initialisation happens before we report ready.
+        """Run blank frames so lazy initialisation happens before we report ready: one batch of
+        each size in `Backend.warm_up_batches` (one frame, or one per gear of a dynamic-batch .om).
         An input the card fills itself (`Backend.device_inputs`) runs on what its memory holds."""
+        sizes = self.backend.warm_up_batches
         if self.backend.device_inputs is not None:
-            self.backend.run(1)
+            for n in sizes:
+                self.backend.run(n)
             return
         blank = np.full((self.input.height, self.input.width, 3), 114, np.uint8)
-        self.detect([blank])
+        for n in sizes:
+            self.detect([blank] * n)
 
     def preprocess(self, frames: Sequence[np.ndarray]) -> list[Geometry]:
         """Letterbox up to `max_batch` frames into the backend's input buffer, slot by slot."""

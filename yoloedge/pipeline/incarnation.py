@@ -313,7 +313,7 @@ class Incarnation:
             if not stats.consecutive_errors:
                 self.worker.health.healthy()
                 self.error_backoff.reset()
-        stats.inferred(n, seconds)
+        stats.inferred(n, seconds, model.detector.backend.last_timing())
 
     def _inference_failed(self, model: LoadedModel, exc: Exception, frames: int) -> None:
         worker, stats = self.worker, self.worker.stats

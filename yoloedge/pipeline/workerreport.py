@@ -43,7 +43,21 @@ def worker_report(worker: DeviceWorker) -> dict:
         "description": detector.backend.description if detector else "",
         "error": worker.startup_error,
         "telemetry": detector.backend.telemetry() if detector else None,
+        "runtime": detector.backend.runtime_info() if detector else None,
     }
+
+
+def runtime_problems(worker: DeviceWorker) -> list[str]:
+    """What the backends of the running models found wrong with their runtime at open (an .om
+    converted for another chip), once per distinct text."""
+    inc = worker.incarnation
+    if inc is None or inc.done.is_set():
+        return []
+    found: list[str] = []
+    for model in inc.models:
+        info = model.detector.backend.runtime_info() or {}
+        found += [p for p in info.get("problems") or () if p not in found]
+    return found
 
 
 def models_report(worker: DeviceWorker, loaded: Sequence[LoadedModel]) -> list[dict]:
@@ -60,5 +74,6 @@ def models_report(worker: DeviceWorker, loaded: Sequence[LoadedModel]) -> list[d
             "error": error,
             "batches": model.batches if model is not None else 0,
             "memory": model.detector.backend.memory() if model is not None else None,
+            "runtime": model.detector.backend.runtime_info() if model is not None else None,
         })
     return rows

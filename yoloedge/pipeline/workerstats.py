@@ -12,10 +12,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..backends.base import BatchTiming
 from ..metrics import BucketCounts, LatencyWindow, RateMeter
 
 #: device call bounds (s) of the `yoloedge_inference_seconds` histogram (web.metrics).
 INFERENCE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+#: the steps of a batch a backend may time apart (`Backend.last_timing`), as status and /metrics name them
+STEPS = ("copy_in", "execute", "copy_out")
+
+
+@dataclass
+class StepMeters:
+    """One step of the batches (copy-in, execute, copy-out): a window for status, buckets for /metrics."""
+
+    buckets: BucketCounts = field(default_factory=lambda: BucketCounts(INFERENCE_BUCKETS_S))
+    ms: LatencyWindow = field(default_factory=LatencyWindow)
+
+    def add(self, seconds: float) -> None:
+        self.ms.add(seconds * 1000)
+        self.buckets.add(seconds)
 
 
 @dataclass
@@ -34,14 +49,21 @@ class WorkerStats:
     frames_lost: int = 0  # frames that will not be published (failed, hung or dropped batches)
     restarts: int = 0  # times the device was opened again
     leaked_openings: int = 0  # incarnations left open because their memory might still be in use
+    #: per step, from the backends that time them apart (empty meters otherwise)
+    steps: dict[str, StepMeters] = field(default_factory=lambda: {step: StepMeters() for step in STEPS})
 
     @classmethod
     def for_batch(cls, batch: int, clock: Callable[[], float] = time.monotonic) -> WorkerStats:
         return cls(inferences=RateMeter(clock=clock), frames_done=RateMeter(clock=clock),
                    busy=RateMeter(clock=clock), batch_buckets=BucketCounts(batch_bounds(batch)))
 
-    def inferred(self, frames: int, seconds: float) -> None:
-        """One batch of `frames` ran in `seconds` of device time."""
+    def inferred(self, frames: int, seconds: float, timing: BatchTiming | None = None) -> None:
+        """One batch of `frames` ran in `seconds` of device time, split as `timing` says where the
+        backend measured that (a step it could not tell apart, None, is not counted)."""
+        if timing is not None:
+            for step, value in zip(STEPS, (timing.copy_in_s, timing.execute_s, timing.copy_out_s)):
+                if value is not None:
+                    self.steps[step].add(value)
         self.busy.mark(seconds)
         self.infer_ms.add(seconds * 1000)
         self.batch_sizes.add(frames)
@@ -61,6 +83,7 @@ class WorkerStats:
             "p50_ms": self.infer_ms.percentile(50),
             "p99_ms": self.infer_ms.percentile(99),
             "batch_p50": self.batch_sizes.percentile(50),
+            **{f"{step}_p50_ms": meters.ms.percentile(50) for step, meters in self.steps.items()},
         }
 
 

@@ -132,12 +132,21 @@ def device_metrics(entries: list[WorkerStatus], workers: list[tuple[str, DeviceW
     yield up
     inference = HistogramMetricFamily("yoloedge_inference_seconds", "Device time per batch.", labels=DEVICE_LABELS)
     batch = HistogramMetricFamily("yoloedge_batch_size", "Frames per batch.", labels=DEVICE_LABELS)
+    steps = {step: HistogramMetricFamily(f"yoloedge_device_{step}_seconds", f"{what} per batch, from backends "
+                                         f"that time the steps apart (Ascend).", labels=DEVICE_LABELS)
+             for step, what in (("copy_in", "Copying the frames to the device"), ("execute", "Executing the model"),
+                                ("copy_out", "Copying the outputs back"))}
     for accelerator, worker in workers:
         labels = (accelerator, str(worker.device))
         add_histogram(inference, labels, worker.stats.infer_buckets)
         add_histogram(batch, labels, worker.stats.batch_buckets)
+        for step, family in steps.items():
+            meters = worker.stats.steps[step]
+            if sum(meters.buckets.snapshot()[0]):  # a device whose backend never timed this step: no series
+                add_histogram(family, labels, meters.buckets)
     yield inference
     yield batch
+    yield from steps.values()
     yield from model_metrics(entries)
 
 

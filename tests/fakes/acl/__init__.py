@@ -47,6 +47,11 @@ Real behaviours modelled (API fact sheet sections 1 and 9):
   100018), device memory to the first model whose dataset used it (145007 for another's), a data
   buffer to one dataset (100000 for a second), and one dataset is never both input and output;
   destroy_context under a loaded model or a live stream is refused as pyACL refuses it;
+* events (rt.py): create_event -> (event, ret), record_event(event, stream) queues a timestamp
+  task, synchronize_event runs the stream up to it, event_elapsed_time -> (ms, ret) between two
+  completed events (real elapsed time of the fake's stream execution, from `STATE.clock`);
+* acl.prof (prof.py): init/create_config/start/stop/destroy_config/finalize, recorded in
+  `STATE.prof`, with a marker file written into the profiling folder;
 * acl.media: DVPP V1 (dvpp memory, descriptions, JPEGD, VPC, VDEC with callbacks on a report
   thread); the rules and what is UNCONFIRMED are in media.py, media_ops.py and vdec.py;
   acl.rt.process_report / subscribe_report / unsubscribe_report / memset, acl.util.start_thread /
@@ -55,7 +60,7 @@ Real behaviours modelled (API fact sheet sections 1 and 9):
   warns as the current pyACL does; bytes_to_ptr of a bytes object.
 """
 
-from . import _fake, mdl, media, rt, util  # noqa: F401  (submodules are attributes, as in pyACL)
+from . import _fake, mdl, media, prof, rt, util  # noqa: F401  (submodules are attributes, as in pyACL)
 from ._fake import FAILURE, INVALID_PARAM, REPEAT_FINALIZE, REPEAT_INITIALIZE, Refused, api, need_int
 
 

@@ -23,6 +23,9 @@ Test controls:
   id of each); `leaks()`: what is still held (also dvpp memory and every acl.media description,
   config and channel); `allocated(kind, device)`: bytes asked for in live allocations ("device":
   acl.rt.malloc, "dvpp": acl.media.dvpp_malloc, "host": acl.rt.malloc_host), before the rounding;
+* `STATE.clock`: what an event's timestamp reads when the stream reaches it (time.perf_counter;
+  a test may replace it); `STATE.events`: live acl.rt events (counted by `leaks()`);
+  `STATE.prof`: the acl.prof calls, in order;
 * `report()["media"]`: {"devices": {"<id>": {jpegd, vpc, vdec_frames, vdec_errors, vdec_callbacks,
   vdec_channels_created/destroyed, dvpp_channels_created/destroyed, dvpp_mallocs,
   dvpp_live_allocations, dvpp_live_bytes}}, "threads_running"} (keys appear once non-zero);
@@ -40,6 +43,7 @@ import bisect
 import json
 import os
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import wraps
@@ -261,6 +265,9 @@ class State:
         self.holds: list[Hold] = []
         self.executed_gears: list[int] = []
         self.last_gear: dict[int, int] = {}
+        self.events: dict = {}  # acl.rt events (rt.py); leaks() counts them
+        self.clock: Callable[[], float] = time.perf_counter  # the device clock events read (tests may replace it)
+        self.prof: list = []  # acl.prof calls (prof.py)
         self.media = MediaState(vdec_channels, self.lock)
         self._next_handle = 0x1000
 
@@ -362,6 +369,7 @@ class State:
             "streams": len(self.streams),
             "contexts": sum(1 for c in self.contexts.values() if not c.default),
             "devices_set": sum(1 for n in self.device_refs.values() if n > 0),
+            "events": len(self.events),
             **self.media.leaks(),
         }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ._fake import (ACL_DEVICE, DEVICE_MEMORY, MEMCPY_DEVICE_TO_DEVICE, MEMCPY_DEVICE_TO_HOST,
                     MEMCPY_HOST_TO_DEVICE, MEMCPY_HOST_TO_HOST, RT_FEATURE_NOT_SUPPORT,
                     RT_INVALID_DEVICEID, RT_MEMORY_ALLOCATION, RT_PARAM_INVALID, RT_STREAM_CONTEXT, Context,
@@ -242,6 +244,76 @@ def memcpy_async(state, dst, dest_max, src, count, kind, stream):
 
     s.pending.append(task)
 
+
+
+# -- events (timing of what the stream ran) ------------------------------------------------------
+# pyACL (rt_synchronize.cpp): create_event() -> (event, ret); record_event(event, stream) -> ret;
+# synchronize_event(event) -> ret; event_elapsed_time(start, end) -> (ms float, ret);
+# destroy_event(event) -> ret. The fake's stream runs its tasks in order at a synchronisation, so a
+# recorded event takes its timestamp (`STATE.clock`) when the stream reaches it: the time between
+# two events is the real time the fake spent on what was queued between them.
+@dataclass
+class Event:
+    context: int
+    stamp: float | None = None  # set when the stream reached the record
+    task: object = None  # the record task still pending on its stream
+    stream: int = 0
+
+
+@api("acl.rt.create_event", "value", default=0)
+def create_event(state):
+    event = state.handle()
+    state.events[event] = Event(state.current_context())
+    return event
+
+
+def _event(state, event) -> Event:
+    need_int(event)
+    if event not in state.events:
+        raise Refused(RT_PARAM_INVALID, "unknown or destroyed event")
+    return state.events[event]
+
+
+@api("acl.rt.destroy_event", "ret")
+def destroy_event(state, event):
+    _event(state, event)
+    del state.events[event]
+
+
+@api("acl.rt.record_event", "ret")
+def record_event(state, event, stream):
+    ev = _event(state, event)
+    s = _own_stream(state, stream)
+    ev.stamp = None
+
+    def task():
+        ev.stamp = state.clock()
+        ev.task = None
+        return 0
+
+    ev.task, ev.stream = task, stream
+    s.pending.append(task)
+
+
+@api("acl.rt.synchronize_event", "ret")
+def synchronize_event(state, event):
+    ev = _event(state, event)
+    if ev.task is None or ev.stream not in state.streams:
+        return  # never recorded, or already reached: nothing to wait for
+    s = state.streams[ev.stream]
+    index = s.pending.index(ev.task)
+    done, s.pending = s.pending[:index + 1], s.pending[index + 1:]
+    failed = [c for c in (task() for task in done) if c]
+    if failed:
+        raise Refused(failed[0], "a task queued on the stream before the event failed")
+
+
+@api("acl.rt.event_elapsed_time", "value", default=0.0)
+def event_elapsed_time(state, start, end):
+    first, last = _event(state, start), _event(state, end)
+    if first.stamp is None or last.stamp is None:
+        raise Refused(RT_PARAM_INVALID, "event_elapsed_time of an event the stream has not reached")
+    return float((last.stamp - first.stamp) * 1000.0)
 
 
 # -- report threads and memset (added for acl.media; see media.py) -------------------------------
