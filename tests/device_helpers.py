@@ -26,9 +26,10 @@ def in_thread(fn, *args, timeout: float = 120.0):
     return box.get("value")
 
 
-def make_om(directory: Path, onnx_path: Path, name: str | None = None, batch=1, aipp: bool = False,
+def make_om(directory: Path, onnx_path: Path, name: str | None = None, batch=1, aipp: bool | str = False,
             outputs: list[str] | None = None) -> Path:
-    """A fake `.om` and its pairing: what ONNX it runs, its batch (int) or gears (list), AIPP."""
+    """A fake `.om` and its pairing: what ONNX it runs, its batch (int) or gears (list), AIPP
+    (True: RGB888; "yuv420sp": NV12 from the card's DVPP)."""
     om = Path(directory) / (name or f"{Path(onnx_path).stem}.om")
     om.write_bytes(b"fake om: see the .fake.json next to it")
     pairing = {"onnx": str(onnx_path), "batch": batch, "aipp": aipp}

@@ -46,6 +46,7 @@ format come from the `model:` section of the config.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -260,7 +261,10 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         self._async_copies = self.config.execute == "async" and not staged
         for input_set, array in enumerate(inp.arrays):
             array[...] = 0  # padding slots of a gear start as zeros, not garbage
-            self._copy_in_now(inp, self._capacity, input_set)
+            if self.nv12:  # the card's own memory: black (Y 16, UV 128) until VPC writes a slot
+                self._fill_nv12(inp.device_ptrs[input_set], inp.device_bytes)
+            else:
+                self._copy_in_now(inp, self._capacity, input_set)
 
     def _malloc(self, nbytes: int) -> int:
         ptr = checked(acl.rt.malloc(int(nbytes), rt.ACL_MEM_MALLOC_HUGE_FIRST), "acl.rt.malloc", f"{nbytes} bytes")
@@ -304,7 +308,39 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
 
     def _imgsz(self) -> tuple[int, int]:
         shape = self._image.item_shape
+        if self.nv12:
+            return shape[0] * 2 // 3, shape[1]
         return (shape[0], shape[1]) if self.aipp else (shape[1], shape[2])
+
+    # -- NV12 input: the card's DVPP fills it (decoder: dvpp) ----------------------------------
+    @property
+    def nv12(self) -> bool:
+        """The .om's AIPP takes YUV420SP: its input sets are DVPP memory that the card's VPC
+        letterboxes decoded pictures into; nothing is copied in from the host."""
+        return self._input is not None and self.aipp and len(self._input.item_shape) == 2
+
+    def _model_spec(self) -> ModelSpec:
+        """An NV12 input is described as the RGB image AIPP makes of it (what the letterbox
+        geometry and the decoders work with); its memory is the card's (`device_inputs`)."""
+        spec = super()._model_spec()
+        if not self.nv12:
+            return spec
+        h, w = self._imgsz()
+        image = dataclasses.replace(spec.inputs[0], shape=(self._capacity, h, w, 3))
+        return dataclasses.replace(spec, inputs=(image,))
+
+    def _input_device_buffer(self, nbytes: int) -> int:
+        if not self.nv12:
+            return super()._input_device_buffer(nbytes)
+        ptr = checked(acl.media.dvpp_malloc(int(nbytes)), "acl.media.dvpp_malloc", f"{nbytes}-byte NV12 input")
+        self._undo.push("free DVPP memory", lambda: check(acl.media.dvpp_free(ptr), "acl.media.dvpp_free"))
+        return ptr
+
+    @property
+    def device_inputs(self) -> list[tuple[int, int]] | None:
+        if self._spec is None or not self.nv12:
+            return None
+        return [(ptr, self._image.item_bytes) for ptr in self._image.device_ptrs]
 
     # -- running -------------------------------------------------------------------------------
     @property
@@ -340,7 +376,20 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
             check(acl.mdl.set_dynamic_batch_size(self._model_id, dataset, self._mbatch.index, gear),
                   "acl.mdl.set_dynamic_batch_size", f"batch {gear}")
 
+    def _fill_nv12(self, ptr: int, nbytes: int) -> None:
+        """Each frame slot is one NV12 picture: its luma plane, then its interleaved chroma."""
+        item = self._image.item_bytes
+        luma = item * 2 // 3
+        for start in range(0, nbytes - item + 1, item):
+            check(acl.rt.memset(ptr + start, nbytes - start, 16, luma), "acl.rt.memset", "NV12 input, luma")
+            check(acl.rt.memset(ptr + start + luma, nbytes - start - luma, 128, item - luma), "acl.rt.memset",
+                  "NV12 input, chroma")
+
     def _copy_input(self, inp: Tensor, n: int, input_set: int) -> None:
+        if self.nv12:  # already on the card: letterboxed there by VPC
+            if self._events is not None:
+                self._events.record(observe.StepEvents.COPY_IN)
+            return
         if self._events is None:
             self._copy_in_now(inp, n, input_set)
             return
@@ -449,7 +498,8 @@ def image_tensor(model_path: str, desc: int, model_id: int | None, index: int, d
     item_bytes = size // model_batch
     shape: tuple[int, ...]
     if aipp:
-        dtype, shape = np.dtype(np.uint8), aipp_shape(model_path, desc, dims, index, item_bytes)
+        h, w, ch = aipp_shape(model_path, desc, dims, index, item_bytes)
+        dtype, shape = np.dtype(np.uint8), ((h, w, ch) if ch else (h * 3 // 2, w))  # NV12: one 2-D plane
     else:
         shape = tuple(dims[1:])
         if math.prod(shape) * dtype.itemsize != item_bytes:
@@ -499,9 +549,12 @@ def has_static_aipp(model_path: str, model_id: int | None, index: int) -> bool:
 
 
 def aipp_shape(model_path: str, desc: int, dims: list[int], index: int, item_bytes: int) -> tuple[int, int, int]:
-    """(H, W, C) of the uint8 frame AIPP takes. The dims are read by where the channel count
-    sits (ATC reports AIPP inputs NHWC, but the format may still say the --input_format the
-    model was converted with); the format only settles dims like 3x3x3."""
+    """(H, W, C) of the uint8 frame AIPP takes; C is 0 for YUV420SP (NV12: H*W*3/2 bytes, what
+    the card's DVPP decodes and letterboxes, `decoder: dvpp`). The dims are read by where the
+    channel count sits (ATC reports AIPP inputs NHWC, but the format may still say the
+    --input_format the model was converted with); the format only settles dims like 3x3x3. NV12
+    is told by the input's size (UNCONFIRMED: the dims ATC reports for a YUV420SP block; the size
+    is documented as n*h*w*1.5)."""
     a, b, c = dims[1:]
     if c in (1, 3) and a not in (1, 3):
         nchw = False
@@ -511,10 +564,12 @@ def aipp_shape(model_path: str, desc: int, dims: list[int], index: int, item_byt
         fmt = acl.mdl.get_input_format(desc, index) if hasattr(acl.mdl, "get_input_format") else None
         nchw = fmt == rt.ACL_FORMAT_NCHW
     h, w, ch = (b, c, a) if nchw else (a, b, c)
+    if ch in (1, 3) and h % 2 == 0 and h * w * 3 // 2 == item_bytes and h * w * ch != item_bytes:
+        return h, w, 0
     if h * w * ch != item_bytes:
         raise ModelError(f"{model_path}: the AIPP input takes {item_bytes} bytes per frame, not a "
-                         f"{w}x{h}x{ch} RGB888_U8 image (YUV420SP or other AIPP input formats are not "
-                         f"supported: convert with input_format: RGB888_U8)")
+                         f"{w}x{h}x{ch} RGB888_U8 image (or {w}x{h} YUV420SP; other AIPP input formats "
+                         f"are not supported: convert with input_format: RGB888_U8 or YUV420SP_U8)")
     return h, w, ch
 
 
