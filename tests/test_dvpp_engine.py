@@ -140,3 +140,225 @@ def test_limits_module_imports_no_acl_and_no_opencv():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.split() == ["False", "False"]
+
+
+# -- the engine against the fake acl.media ------------------------------------------------------------
+FAKES = Path(__file__).resolve().parent / "fakes"
+MEDIA = Path(__file__).resolve().parents[1] / ".." / "shared" / "testdata" / "media"
+if not MEDIA.is_dir():
+    MEDIA = Path("/work/shared/testdata/media")
+CLIP = MEDIA / "street_people_720p.mp4"
+JPEG = MEDIA / "bus.jpg"
+CANVAS = (640, 640)
+
+
+def _fake_acl():
+    if str(FAKES) not in sys.path:
+        sys.path.insert(0, str(FAKES))
+    import acl
+    if not hasattr(acl, "_fake"):
+        pytest.skip("the real pyACL is imported in this process; these tests need the fake")
+    if not hasattr(acl, "media"):
+        pytest.skip("this checkout's fake pyACL has no acl.media")
+    return acl
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    acl = _fake_acl()
+    from acl import _fake
+    from yoloedge.backends import acl_runtime
+    state = _fake.reset()
+    monkeypatch.setattr(acl_runtime, "PROCESS", acl_runtime.AclProcess())
+    yield state
+    assert not _fake.STATE.refusals, _fake.STATE.refusals
+    del acl
+
+
+@pytest.fixture
+def card(fake):
+    from yoloedge.backends.dvpp import DvppCard
+    card = DvppCard(0)
+    card.open()
+    yield card
+    card.close()
+
+
+def access_units(path: Path, limit: int) -> list[tuple[bytes, float]]:
+    """The first `limit` Annex-B access units of `path` with their pts in seconds."""
+    av = pytest.importorskip("av")
+    from av.bitstream import BitStreamFilterContext
+    out: list[tuple[bytes, float]] = []
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        bsf = BitStreamFilterContext("h264_mp4toannexb", stream)
+        for packet in container.demux(stream):
+            for unit in bsf.filter(packet):
+                out.append((bytes(unit), float(unit.pts * stream.time_base)))
+            if len(out) >= limit:
+                return out[:limit]
+    return out
+
+
+def host_frames(path: Path, limit: int) -> dict[float, np.ndarray]:
+    """PyAV's BGR frames by pts (seconds), decoding enough to cover the first `limit` units."""
+    av = pytest.importorskip("av")
+    frames: dict[float, np.ndarray] = {}
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        for frame in container.decode(stream):
+            frames[round(float(frame.pts * stream.time_base), 6)] = frame.to_ndarray(format="bgr24")
+            if len(frames) >= limit + 8:
+                break
+    return frames
+
+
+def host_nv12(bgr: np.ndarray, geo) -> np.ndarray:
+    """The project's host letterbox of `bgr` with the geometry VPC used, as NV12 bytes."""
+    import cv2
+    from yoloedge.preprocess.letterbox import PAD_VALUE, resize_into
+    w, h = CANVAS
+    canvas = np.full((h, w, 3), PAD_VALUE, np.uint8)
+    src = bgr[:geo.src_h, :geo.src_w]
+    resize_into(np.ascontiguousarray(src), geo, canvas[geo.top:geo.top + geo.new_h, geo.left:geo.left + geo.new_w])
+    i420 = cv2.cvtColor(canvas, cv2.COLOR_BGR2YUV_I420).reshape(-1)
+    y, u, v = i420[:w * h], i420[w * h:w * h * 5 // 4], i420[w * h * 5 // 4:]
+    uv = np.empty(w * h // 2, np.uint8)
+    uv[0::2], uv[1::2] = u, v
+    return np.concatenate([y, uv])
+
+
+def read_canvas(ptr: int) -> np.ndarray:
+    import acl
+    from yoloedge.backends.acl_runtime import ACL_MEMCPY_DEVICE_TO_HOST, check, checked
+    w, h = CANVAS
+    size = w * h * 3 // 2
+    host = checked(acl.rt.malloc_host(size), "acl.rt.malloc_host")
+    try:
+        check(acl.rt.memcpy(host, size, ptr, size, ACL_MEMCPY_DEVICE_TO_HOST), "acl.rt.memcpy")
+        return np.frombuffer(acl.util.ptr_to_bytes(host, size), np.uint8).copy()
+    finally:
+        check(acl.rt.free_host(host), "acl.rt.free_host")
+
+
+class Consumer:
+    """What a preparer does with VDEC's pictures: letterbox each into a canvas, read it back,
+    release the picture (on its own thread, as the daemon's preparers would)."""
+
+    def __init__(self, card, keep: int = 6):
+        import queue
+        import threading
+        self.card, self.keep = card, keep
+        self.queue: queue.Queue = queue.Queue()
+        self.canvas = card.alloc_canvas(*CANVAS)
+        self.results: list[tuple[float, object, np.ndarray | None]] = []
+        self.failures: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def on_picture(self, picture) -> None:
+        self.queue.put(picture)
+
+    def _run(self) -> None:
+        while True:
+            picture = self.queue.get()
+            if picture is None:
+                return
+            try:
+                geo = self.card.letterbox(picture, self.canvas, *CANVAS)
+                data = read_canvas(self.canvas) if len(self.results) < self.keep else None
+                self.results.append((picture.pts, geo, data))
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                self.failures.append(exc)
+            finally:
+                picture.release()
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join(30)
+
+
+def test_h264_clip_decodes_and_letterboxes_like_the_host(card, fake):
+    units = access_units(CLIP, 40)
+    consumer = Consumer(card)
+    errors: list[int] = []
+    vdec = card.open_vdec("street", "h264", 1280, 720, ring=4, on_picture=consumer.on_picture,
+                          on_error=errors.append, profile="High")
+    for data, pts in units:
+        assert vdec.send(data, pts)
+    assert vdec.flush(timeout_s=30)
+    consumer.stop()
+    assert not consumer.failures, consumer.failures
+    assert vdec.stats.sent == len(units) and vdec.stats.dropped == 0 and not errors
+    assert vdec.stats.decoded == len(consumer.results) >= len(units) - 4
+    assert vdec.free_pictures == 4 and vdec.in_flight == 0  # every picture came back to the ring
+    frames = host_frames(CLIP, len(units))
+    compared = 0
+    for pts, geo, data in consumer.results:
+        assert (geo.new_w, geo.new_h, geo.left, geo.top) == (640, 360, 0, 140)
+        if data is None:
+            continue
+        expected = host_nv12(frames[round(pts, 6)], geo)
+        diff = np.abs(data.astype(np.int16) - expected.astype(np.int16))
+        assert diff.mean() < 3.0, (pts, diff.mean())
+        w, h = CANVAS
+        y = data[:w * h].reshape(h, w)
+        assert (y[:geo.top] == 114).all() and (y[geo.top + geo.new_h:] == 114).all()
+        assert (data[w * h:w * h + w * geo.top // 2] == 128).all()
+        compared += 1
+    assert compared == consumer.keep
+
+
+def test_two_cameras_on_one_card_get_their_own_channels(card, fake):
+    units = access_units(CLIP, 12)
+    a, b = Consumer(card, keep=0), Consumer(card, keep=0)
+    va = card.open_vdec("a", "h264", 1280, 720, ring=3, on_picture=a.on_picture)
+    vb = card.open_vdec("b", "h264", 1280, 720, ring=3, on_picture=b.on_picture)
+    assert (va.channel_id, vb.channel_id) == (0, 1)
+    for data, pts in units:
+        assert va.send(data, pts) and vb.send(data, pts)
+    assert va.flush(30) and vb.flush(30)
+    a.stop()
+    b.stop()
+    assert len(a.results) == len(b.results) == va.stats.decoded == vb.stats.decoded > 0
+    va.close()
+    va.close()  # idempotent
+    vc = card.open_vdec("c", "h264", 1280, 720, ring=2, on_picture=lambda p: p.release())
+    assert vc.channel_id == 0  # a closed camera's channel id is free again
+
+
+def test_jpeg_decodes_and_letterboxes_like_the_host(card, fake):
+    import cv2
+    data = JPEG.read_bytes()
+    slot = card.jpeg_slot("snap")
+    picture = card.decode_jpeg(data, slot)
+    assert (picture.width, picture.height) == (810, 1080)
+    assert picture.width_stride % 16 == 0 and picture.width_stride >= 810
+    canvas = card.alloc_canvas(*CANVAS)
+    geo = card.letterbox(picture, canvas, *CANVAS)
+    assert (geo.new_w, geo.new_h, geo.left, geo.top) == (480, 640, 80, 0)
+    got = read_canvas(canvas)
+    expected = host_nv12(cv2.imread(str(JPEG)), geo)
+    assert np.abs(got.astype(np.int16) - expected.astype(np.int16)).mean() < 3.0
+    grown = slot.grown
+    card.decode_jpeg(data, slot)  # the same size again: no reallocation
+    assert slot.grown == grown
+
+
+def test_close_releases_everything_and_is_idempotent(fake):
+    from acl import _fake
+    from yoloedge.backends import acl_runtime
+    from yoloedge.backends.dvpp import CardState, DvppCard
+    card = DvppCard(0)
+    card.open()
+    assert card.context and card.report_thread_id and card.soc == "Ascend310P3"
+    vdec = card.open_vdec("cam", "h264", 1280, 720, ring=2, on_picture=lambda p: p.release())
+    for data, pts in access_units(CLIP, 3):
+        vdec.send(data, pts)
+    card.decode_jpeg(JPEG.read_bytes(), card.jpeg_slot())
+    card.alloc_canvas(*CANVAS)
+    card.close()
+    card.close()
+    assert card.state is CardState.CLOSED
+    assert not any(_fake.leaks().values()), _fake.leaks()
+    assert not acl_runtime.PROCESS.initialised  # the last user finalised pyACL
