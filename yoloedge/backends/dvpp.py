@@ -180,7 +180,7 @@ class DvppCard:
             vdecs, self._vdecs = list(self._vdecs), []
         errors: list[Exception] = []
         try:
-            self.bind()
+            self.activate()
         except BackendError as exc:
             errors.append(exc)
         for channel in reversed(vdecs):
@@ -200,6 +200,16 @@ class DvppCard:
         if self.state is not CardState.OPEN:
             raise BackendError(f"DVPP of device {self.device} is {self.state.value}")
         check(acl.rt.set_context(self.context), "acl.rt.set_context", f"DVPP of device {self.device}")
+
+    def activate(self) -> None:
+        """Bind the card's context whatever the card's state (for releasing what it took)."""
+        if self.context:
+            check(acl.rt.set_context(self.context), "acl.rt.set_context", f"DVPP of device {self.device}")
+
+    def forget_canvas(self, ptr: int) -> None:
+        """The canvas at `ptr` was written by something other than `letterbox` (or its memory now
+        holds another canvas): the next letterbox into it redraws the grey."""
+        self.canvases.forget(ptr)
 
     def _lane(self) -> Lane:
         self.bind()

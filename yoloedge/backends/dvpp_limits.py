@@ -116,6 +116,13 @@ def vdec_strides(width: int, height: int) -> tuple[int, int]:
     return align_up(width, 16), align_up(height, 2)
 
 
+def vdec_buffer_size(width: int, height: int) -> int:
+    """Bytes to allocate for one VDEC output picture: NV12 at strides of 64 x 16, a margin over
+    the documented 16 x 2 (UNCONFIRMED for the 310P's VDEC: its page was not read this session;
+    the engine reads the strides VDEC used back from each picture's descriptor)."""
+    return nv12_size(align_up(width, 64), align_up(height, 16))
+
+
 def jpegd_strides(width: int, height: int, soc: str | None) -> tuple[int, int]:
     """JPEGD output strides for `soc` (64 x 16 on Ascend310P, 128 x 16 on Ascend310)."""
     wa, ha = limits_for(soc).jpegd_align

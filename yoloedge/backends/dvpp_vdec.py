@@ -4,8 +4,10 @@ Everything is allocated once, when the channel opens, and reused for the camera'
 reconnects included (a reconnect sends EOS with `flush()` and goes on sending; the channel is
 closed only when the camera is removed):
 
-* `ring` output pictures: NV12 buffers in DVPP memory sized for the stream's strides (width to
-  16, height to 2), each with its picture descriptor, set up once;
+* `ring` output pictures: NV12 buffers in DVPP memory, each with its picture descriptor, set up
+  once; sized for strides of 64 x 16 (`dvpp_limits.vdec_buffer_size`), more than the 16 x 2 VDEC
+  is documented to use, so a chip that aligns coarser still fits; the strides VDEC actually used
+  are read back from the descriptor of every picture;
 * `ring` input slots: a stream descriptor and a DVPP buffer for one access unit each. An access
   unit's buffer must stay untouched until VDEC has reported the frame (the decode is
   asynchronous), so each frame in flight holds its own slot; a slot's buffer is reallocated only
@@ -44,7 +46,7 @@ import acl
 
 from ..errors import BackendError
 from .acl_runtime import check, checked
-from .dvpp_limits import PIXEL_FORMAT_YUV_SEMIPLANAR_420, nv12_size, vdec_entype, vdec_strides
+from .dvpp_limits import PIXEL_FORMAT_YUV_SEMIPLANAR_420, vdec_buffer_size, vdec_entype, vdec_strides
 from .dvpp_pic import DevicePicture, create_pic_desc, describe_nv12, dvpp_malloc, read_nv12
 from .undo import UndoStack, raise_collected
 
@@ -103,8 +105,7 @@ class VdecChannel:
     def _open(self) -> None:
         m = acl.media
         try:
-            w_stride, h_stride = vdec_strides(self.width, self.height)
-            size = nv12_size(w_stride, h_stride)
+            size = vdec_buffer_size(self.width, self.height)
             for i in range(self.ring_size):
                 ptr = dvpp_malloc(self._undo, size, f"{self.name} picture {i}")
                 desc = create_pic_desc(self._undo, f"{self.name} picture {i}")
@@ -308,7 +309,7 @@ class VdecChannel:
             self._cond.notify_all()
         errors: list[Exception] = []
         try:
-            self.card.bind()
+            self.card.activate()
         except BackendError as exc:
             errors.append(exc)
         errors += self._undo.unwind()

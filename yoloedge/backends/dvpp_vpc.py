@@ -120,7 +120,7 @@ class JpegSlot:
         size = len(data)
         if not size:
             raise BackendError("an empty JPEG")
-        host = acl.util.bytes_to_ptr(data)  # `data` stays referenced until the copy is done
+        host = acl.util.bytes_to_ptr(data)  # valid while `data` lives: until this call returns
         width, height, _components = checked(acl.media.dvpp_jpeg_get_image_info(host, size),
                                              "acl.media.dvpp_jpeg_get_image_info", f"{size}-byte JPEG")
         out_size = checked(acl.media.dvpp_jpeg_predict_dec_size(host, size, PIXEL_FORMAT_YUV_SEMIPLANAR_420),
@@ -135,7 +135,6 @@ class JpegSlot:
         check(acl.media.dvpp_jpeg_decode_async(card.channel_desc, src, size, self.desc, lane.stream),
               "acl.media.dvpp_jpeg_decode_async", f"{width}x{height} JPEG")
         lane.sync("dvpp_jpeg_decode_async")
-        del data
         got_w, got_h, got_ws, got_hs = read_nv12(self.desc)
         return DevicePicture(card.device, dst, self.out_cap, got_w or width, got_h or height,
                              got_ws or w_stride, got_hs or h_stride, 0.0, _give_back=_nothing)
@@ -164,9 +163,12 @@ class Canvases:
         with self._lock:
             self._last[ptr] = (width, height, geo)
 
-    def forget(self) -> None:
+    def forget(self, ptr: int | None = None) -> None:
         with self._lock:
-            self._last.clear()
+            if ptr is None:
+                self._last.clear()
+            else:
+                self._last.pop(ptr, None)
 
 
 def letterbox(card: DvppCard, lane: Lane, picture: DevicePicture, dst_ptr: int, dst_w: int, dst_h: int) -> Geometry:
