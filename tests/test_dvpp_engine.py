@@ -110,13 +110,16 @@ def test_limits_table():
     (("mpeg4", "Simple Profile", "yuv420p", 640, 480), "H.264 and H.265 only"),
     (("h264", "High 4:2:2", "yuv422p", 1920, 1080), "High 4:2:2"),
     (("h264", "High 10", "yuv420p10le", 1920, 1080), "High 10"),
-    (("hevc", "Main 10", "yuv420p10le", 1920, 1080), "Main 10"),
+    (("hevc", "Main 10", "yuv420p10le", 1920, 1080), None),  # the 310P's VDEC takes H.265 10-bit
+    (("hevc", "Main 10", "yuv420p10le", 1920, 1080, "Ascend310"), "Main 10"),
+    (("hevc", None, "yuv420p10le", 1920, 1080, "Ascend310"), "yuv420p10le"),
+    (("h264", None, "yuv420p10le", 1920, 1080), "yuv420p10le"),
     (("h264", "High", "yuv444p", 1920, 1080), "yuv444p"),
     (("h264", "High", "yuv420p", 8192, 4320), "larger than"),
     (("h264", "Main", "yuv420p", 96, 96), "smaller than"),
 ])
 def test_dvpp_unsupported(args, why):
-    got = lim.dvpp_unsupported(*args)
+    got = lim.dvpp_unsupported(*args[:5], soc=args[5] if len(args) > 5 else "Ascend310P3")
     if why is None:
         assert got is None
     else:
@@ -362,3 +365,31 @@ def test_close_releases_everything_and_is_idempotent(fake):
     assert card.state is CardState.CLOSED
     assert not any(_fake.leaks().values()), _fake.leaks()
     assert not acl_runtime.PROCESS.initialised  # the last user finalised pyACL
+
+
+def test_a_full_ring_drops_and_counts_instead_of_blocking_the_reader(card, fake):
+    held: list = []
+    vdec = card.open_vdec("slow", "h264", 1280, 720, ring=1, on_picture=held.append, wait_s=0.05)
+    units = access_units(CLIP, 3)
+    assert vdec.send(*units[0])
+    assert not vdec.send(*units[1])  # the only slot is still in flight or its picture held
+    assert vdec.stats.dropped == 1 and vdec.stats.sent == 1
+    vdec.close()
+    with pytest.raises(Exception, match="closed"):
+        vdec.send(*units[2])
+
+
+def test_a_failed_open_releases_what_it_took(fake):
+    from acl import _fake
+    from yoloedge.backends import acl_runtime
+    from yoloedge.backends.acl_runtime import AclError
+    from yoloedge.backends.dvpp import CardState, DvppCard
+    _fake.fail("acl.rt.set_device", 507899, times=1)
+    card = DvppCard(0)
+    with pytest.raises(AclError, match="set_device"):
+        card.open()
+    assert card.state is CardState.CLOSED
+    card.close()
+    assert not any(_fake.leaks().values()) and not acl_runtime.PROCESS.initialised
+    assert [r[0] for r in _fake.STATE.refusals] == ["acl.rt.set_device"]  # only the injected fault
+    _fake.STATE.refusals.clear()

@@ -65,6 +65,7 @@ class SocLimits:
     vdec_max: tuple[int, int]  # largest (width, height)
     vdec_min: tuple[int, int]  # smallest (width, height)
     jpegd_align: tuple[int, int]  # JPEGD output (width, height) stride alignment
+    hevc_10bit: bool = False  # whether VDEC takes H.265 Main 10 streams (decoded to 8-bit NV12)
     confirmed: bool = False  # whether the VDEC figures come from a Huawei source we could read
 
     def budget_note(self) -> str:
@@ -76,12 +77,14 @@ class SocLimits:
 #:   datasheets give 1080p30 decode channel counts between 80 and 128 per chip depending on the
 #:   card and the document; 2400 frames/s (80 x 1080p30) is the conservative figure. 256 channel
 #:   ids by the newer VDEC pages (0..255), fewer in an old header. JPEGD output strides 64 x 16
-#:   (acllite's choice for Ascend310P3).
+#:   (acllite's choice for Ascend310P3). Confirmed by the CANN VDEC page ("Atlas inference
+#:   products"): input 128x128 to 4096x4096, H.264 BP/MP/HP and H.265 8-/10-bit 4:2:0 Annex-B.
+#:   UNCONFIRMED: that a Main 10 stream comes out as 8-bit NV12 without setting a bit depth.
 #: * Ascend310 (Atlas 300 3000/3010, Atlas 200 DK): 16 x 1080p30 per chip (the Ascend 310
 #:   datasheet; UNCONFIRMED here, not read in a source this session), JPEGD strides 128 x 16.
 DVPP_LIMITS: dict[str, SocLimits] = {
     "Ascend310P3": SocLimits("Ascend310P3", vdec_channels=256, vdec_fps_1080p=2400,
-                             vdec_max=(4096, 4096), vdec_min=(128, 128), jpegd_align=(64, 16)),
+                             vdec_max=(4096, 4096), vdec_min=(128, 128), jpegd_align=(64, 16), hevc_10bit=True),
     "Ascend310": SocLimits("Ascend310", vdec_channels=16, vdec_fps_1080p=480,
                            vdec_max=(4096, 4096), vdec_min=(128, 128), jpegd_align=(128, 16)),
 }
@@ -211,6 +214,8 @@ def vpc_letterbox(src_w: int, src_h: int, dst_w: int, dst_h: int) -> VpcPaste:
 _H264_PROFILES = {"baseline": H264_BASELINE_LEVEL, "constrained baseline": H264_BASELINE_LEVEL,
                   "main": H264_MAIN_LEVEL, "high": H264_HIGH_LEVEL}
 _H265_PROFILES = {"main": H265_MAIN_LEVEL}
+_H265_10BIT_PROFILES = {"main 10"}
+_PIX_FMTS_420_10 = {"yuv420p10le", "yuv420p10be", "p010le"}
 #: 8-bit 4:2:0 pixel formats as FFmpeg names them (the only ones VDEC decodes to NV12 here)
 _PIX_FMTS_420 = {"yuv420p", "yuvj420p", "nv12", "nv21"}
 _CODECS = {"h264": "h264", "avc": "h264", "avc1": "h264", "h265": "h265", "hevc": "h265", "hvc1": "h265",
@@ -227,7 +232,7 @@ def vdec_entype(codec: str, profile: str | None = None) -> int:
     (which decodes Baseline and Main streams too: High is a superset)."""
     kind = vdec_codec(codec)
     if kind == "h265":
-        return H265_MAIN_LEVEL
+        return H265_MAIN_LEVEL  # Main and Main 10 alike
     if kind == "h264":
         return _H264_PROFILES.get((profile or "").strip().lower(), H264_HIGH_LEVEL)
     raise ValueError(f"VDEC decodes H.264 and H.265 only, not {codec!r}")
@@ -238,21 +243,26 @@ def dvpp_unsupported(codec: str, profile: str | None, pix_fmt: str | None, width
     """Why VDEC cannot decode this stream (to NV12 for the letterbox), or None if it can.
 
     Unknown facts (None) are not held against the stream: the decoder finds out at the first
-    frame. Refused: codecs other than H.264/H.265; 10-bit and 4:2:2/4:4:4 streams (High 10, High
-    4:2:2, High 4:4:4, Main 10, RExt; this engine asks VDEC for 8-bit NV12 only: the 310P's 10-bit
-    HEVC output is not used); sizes outside the chip's VDEC range (128x128 to 4096x4096).
+    frame. Refused: codecs other than H.264/H.265; 4:2:2/4:4:4 streams and 10-bit H.264 (High 10,
+    High 4:2:2, High 4:4:4, RExt); H.265 Main 10 where the chip's VDEC does not take it (it does
+    on the 310P); sizes outside the chip's VDEC range (128x128 to 4096x4096).
     """
     kind = vdec_codec(codec)
     if kind is None:
         return f"DVPP's VDEC decodes H.264 and H.265 only, not {codec or 'an unknown codec'}"
     name = "H.264" if kind == "h264" else "H.265"
-    if profile:
-        known = _H264_PROFILES if kind == "h264" else _H265_PROFILES
-        if profile.strip().lower() not in known:
-            return f"VDEC does not decode {name} {profile} streams (8-bit 4:2:0 profiles only)"
-    if pix_fmt and pix_fmt.strip().lower() not in _PIX_FMTS_420:
-        return f"VDEC decodes 8-bit 4:2:0 pictures only, not {pix_fmt}"
     lim = limits_for(soc)
+    ten_bit = kind == "h265" and lim.hevc_10bit
+    if profile:
+        known = set(_H264_PROFILES) if kind == "h264" else set(_H265_PROFILES)
+        if ten_bit:
+            known |= _H265_10BIT_PROFILES
+        if profile.strip().lower() not in known:
+            return f"VDEC of {lim.soc} does not decode {name} {profile} streams"
+    if pix_fmt:
+        fmts = _PIX_FMTS_420 | (_PIX_FMTS_420_10 if ten_bit else set())
+        if pix_fmt.strip().lower() not in fmts:
+            return f"VDEC of {lim.soc} does not decode {name} {pix_fmt} pictures"
     if width and height:
         (max_w, max_h), (min_w, min_h) = lim.vdec_max, lim.vdec_min
         if width > max_w or height > max_h:
