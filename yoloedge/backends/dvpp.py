@@ -10,8 +10,9 @@ back. JPEG snapshots and MJPEG take JPEGD instead of VDEC.
     open:  acl.init (through `acl_runtime.PROCESS`'s count) -> set_device -> its OWN context
            (create_context) -> a stream -> run mode -> DVPP channel (dvpp_create_channel_desc +
            dvpp_create_channel, shared by JPEGD and VPC) -> the report thread
-           (acl.util.start_thread; it binds the context and loops on acl.rt.process_report until
-           close, running VDEC's callbacks)
+           (acl.util.start_thread; subscribed to the card's stream with acl.rt.subscribe_report so
+           that process_report is legal before the first and after the last VDEC channel; it binds
+           the context and loops on acl.rt.process_report until close, running VDEC's callbacks)
     close: the VDEC channels still open (while the report thread runs: vdec_destroy_channel waits
            for their callbacks), the JPEG slots and canvases, the per-thread lanes, then exactly the
            reverse of open. Idempotent; every step runs, the first failure is raised.
@@ -27,7 +28,8 @@ per-thread `dvpp_vpc.Lane` (own stream and descriptors), so preparers do not ser
 
 Calls used, as the pyACL wrapper defines them (`hicann/runtime`, `python/pyACL`):
 `acl.util.start_thread(func, args) -> (thread_id, ret)` (func is called as func(args)),
-`acl.util.stop_thread(thread_id) -> ret` (joins), `acl.rt.process_report(timeout_ms) -> ret`
+`acl.util.stop_thread(thread_id) -> ret` (joins), `acl.rt.subscribe_report(thread_id, stream) ->
+ret`, `acl.rt.unsubscribe_report(thread_id, stream) -> ret`, `acl.rt.process_report(timeout_ms) -> ret`
 (507012 ACL_ERROR_RT_REPORT_TIMEOUT when nothing came), `acl.media.dvpp_create_channel_desc() ->
 desc`, `dvpp_create_channel(desc) -> ret`, `dvpp_destroy_channel(desc) -> ret`,
 `dvpp_destroy_channel_desc(desc) -> ret`.
@@ -38,6 +40,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Callable
 
 import acl
@@ -86,6 +89,7 @@ class DvppCard:
         self._undo = UndoStack()
         self._lock = threading.Lock()
         self._running = False
+        self._go = threading.Event()  # the report thread starts reporting once subscribed
         self._report_failures = 0
         self._vdecs: list[VdecChannel] = []
         self._lanes: dict[int, Lane] = {}
@@ -146,13 +150,25 @@ class DvppCard:
                         lambda: check(m.dvpp_destroy_channel(desc), "acl.media.dvpp_destroy_channel"))
 
     def _start_reports(self) -> None:
+        """Start the report thread and subscribe it to the card's stream before it first calls
+        process_report: a thread nothing is subscribed to gets 107012 (ACL_ERROR_RT_THREAD_SUBSCRIBE)
+        from process_report, and VDEC channels (which subscribe it themselves) come and go."""
         self._running = True
         thread_id = checked(acl.util.start_thread(self._report_loop, [self.context]), "acl.util.start_thread")
         self.report_thread_id = thread_id
+        try:
+            check(acl.rt.subscribe_report(thread_id, self.stream), "acl.rt.subscribe_report")
+        except BaseException:
+            self._stop_reports(subscribed=False)
+            raise
         self._undo.push("stop the VDEC report thread", self._stop_reports)
+        self._go.set()
 
     def _report_loop(self, args: list) -> None:
         """The report thread: VDEC callbacks of every channel of this card run in here."""
+        self._go.wait()
+        if not self._running:
+            return
         ret = acl.rt.set_context(args[0])
         if ret:
             log.error("DVPP report thread of device %d cannot bind its context: %s", self.device, rt.AclError(
@@ -165,11 +181,19 @@ class DvppCard:
                 if self._report_failures in (1, 10, 100) or self._report_failures % 1000 == 0:
                     log.warning("DVPP report thread of device %d: %s (%d so far)", self.device,
                                 rt.AclError("acl.rt.process_report", ret), self._report_failures)
+                time.sleep(REPORT_TIMEOUT_MS / 1000)  # a failing call returns at once: do not spin
 
-    def _stop_reports(self) -> None:
+    def _stop_reports(self, subscribed: bool = True) -> None:
+        """Let the loop end (within one process_report timeout), join it, then unsubscribe (a
+        thread still in process_report when its last subscription goes would get 107012)."""
         self._running = False
+        self._go.set()
         thread_id, self.report_thread_id = self.report_thread_id, 0
-        check(acl.util.stop_thread(thread_id), "acl.util.stop_thread", "the DVPP report thread")
+        try:
+            check(acl.util.stop_thread(thread_id), "acl.util.stop_thread", "the DVPP report thread")
+        finally:
+            if subscribed:
+                check(acl.rt.unsubscribe_report(thread_id, self.stream), "acl.rt.unsubscribe_report")
 
     def close(self) -> None:
         """Everything open() and later calls took, in reverse; idempotent."""
