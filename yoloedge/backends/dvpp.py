@@ -290,5 +290,9 @@ class DvppCard:
 
     def letterbox(self, picture: DevicePicture, dst_ptr: int, dst_w: int, dst_h: int) -> Geometry:
         """VPC letterbox of `picture` into the NV12 canvas at `dst_ptr` (see `dvpp_vpc.letterbox`);
-        returns the geometry VPC used (Ultralytics' on VPC's grid: `dvpp_limits.vpc_letterbox`)."""
+        returns the geometry VPC used (Ultralytics' on VPC's grid: `dvpp_limits.vpc_letterbox`).
+
+        The canvas must be DVPP memory of this card (`alloc_canvas`: VPC's output buffers come
+        from acldvppMalloc, by the CANN VPC page), `dst_w` a multiple of 16 and `dst_h` even; the
+        caller does not release `picture` before this returns (it is synchronous)."""
         return letterbox(self, self._lane(), picture, dst_ptr, dst_w, dst_h)
