@@ -27,8 +27,11 @@ Real behaviours modelled (API fact sheet sections 1 and 9):
   a no-op; memcpy_async host-to-host returns 207000;
 * models: load_from_file reads `<path>.fake.json` (the test's pairing: the ONNX file, `batch` as an
   int (static) or a list of gears (dynamic: -1 batch dim, sizes for the largest gear, an extra
-  INT64 `ascend_mbatch_shape_data` input of 8 bytes), `aipp` (uint8 NHWC RGB input, normalised
-  /255 by the fake as static AIPP would), `outputs` (which ONNX outputs the .om exposes));
+  INT64 `ascend_mbatch_shape_data` input of 8 bytes), `aipp` (true / "rgb": uint8 NHWC RGB input,
+  normalised /255 by the fake as static AIPP would; "yuv420sp": NV12 input of n*h*w*3/2 bytes with
+  dims NHWC, converted with ATC's BT.601 CSC block `(M . (yuv - 16/128/128)) >> 8` then /255),
+  `outputs` (which ONNX outputs the .om exposes)); get_first_aipp_info gives (dict, ret) with
+  pyACL's keys, (None, 145015) for an input without AIPP;
   get_input_index_by_name answers a non-zero ret for unknown names; get_dynamic_batch gives
   {"batchCount", "batch"}; get_*_dims give {"name", "dimCount", "dims"};
 * set_dynamic_batch_size: wrong index 145011, buffer under 8 bytes 145012, not a gear 145013; it
@@ -44,11 +47,15 @@ Real behaviours modelled (API fact sheet sections 1 and 9):
   100018), device memory to the first model whose dataset used it (145007 for another's), a data
   buffer to one dataset (100000 for a second), and one dataset is never both input and output;
   destroy_context under a loaded model or a live stream is refused as pyACL refuses it;
+* acl.media: DVPP V1 (dvpp memory, descriptions, JPEGD, VPC, VDEC with callbacks on a report
+  thread); the rules and what is UNCONFIRMED are in media.py, media_ops.py and vdec.py;
+  acl.rt.process_report / subscribe_report / unsubscribe_report / memset, acl.util.start_thread /
+  stop_thread;
 * acl.util helpers present or not (reset(util_helpers=...)), ptr_to_numpy is a zero-copy view and
   warns as the current pyACL does; bytes_to_ptr of a bytes object.
 """
 
-from . import _fake, mdl, rt, util  # noqa: F401  (submodules are attributes, as in pyACL)
+from . import _fake, mdl, media, rt, util  # noqa: F401  (submodules are attributes, as in pyACL)
 from ._fake import FAILURE, INVALID_PARAM, REPEAT_FINALIZE, REPEAT_INITIALIZE, Refused, api, need_int
 
 

@@ -1,12 +1,17 @@
 """State and test controls of the fake pyACL (not part of the real `acl` API: tests import it as
-`acl._fake`). The public modules `acl`, `acl.rt`, `acl.mdl`, `acl.util` only call into here.
+`acl._fake`). The public modules `acl`, `acl.rt`, `acl.mdl`, `acl.media`, `acl.util` only call into here.
 
 Test controls:
-* `reset(devices=2, run_mode=ACL_HOST, util_helpers=ALL_UTIL, soc="Ascend310P3")`: a fresh process
-  (pyACL allows one `acl.init` per process, so every in-process test starts with one);
+* `reset(devices=2, run_mode=ACL_HOST, util_helpers=ALL_UTIL, soc="Ascend310P3", vdec_channels=32)`:
+  a fresh process (pyACL allows one `acl.init` per process, so every in-process test starts with
+  one); `vdec_channels` caps the VDEC channels one card runs at once (UNCONFIRMED for the 310P);
+  `STATE.media.wait_bound_s` (default 10) bounds the waits that would hang forever on a card
+  (stop_thread on a thread that never returns, vdec_destroy_channel without a report thread,
+  process_report(-1));
 * `fail(call, code, device=None, times=None)`: the next `times` calls of `call` on `device` (None:
   any) return `code` instead of running; calls that take faults: "acl.rt.set_device",
-  "acl.rt.malloc", "acl.rt.malloc_host", "acl.mdl.execute", "acl.mdl.execute_async";
+  "acl.rt.malloc", "acl.rt.malloc_host", "acl.mdl.execute", "acl.mdl.execute_async",
+  "acl.media.dvpp_malloc";
 * `hold(call, device=None, times=1)`: the next `times` calls of `call` on `device` block (a hung
   card) until the returned `Hold` is released, then run as usual; they wait outside the fake's
   lock, so the other cards go on. Only calls that name a device or a model take holds
@@ -15,8 +20,12 @@ Test controls:
 * `STATE.counts`: calls per function name; `STATE.errors`: every non-zero code returned, with the
   call; `STATE.refusals`: the same with the fake's reason (what the report calls misuse);
   `STATE.executed_gears`: the batch gear of every execution (`STATE.executed_models`: the model
-  id of each); `leaks()`: what is still held; `allocated(kind, device)`: bytes asked for in live
-  allocations ("device": acl.rt.malloc, "host": acl.rt.malloc_host), before the fake's rounding;
+  id of each); `leaks()`: what is still held (also dvpp memory and every acl.media description,
+  config and channel); `allocated(kind, device)`: bytes asked for in live allocations ("device":
+  acl.rt.malloc, "dvpp": acl.media.dvpp_malloc, "host": acl.rt.malloc_host), before the rounding;
+* `report()["media"]`: {"devices": {"<id>": {jpegd, vpc, vdec_frames, vdec_errors, vdec_callbacks,
+  vdec_channels_created/destroyed, dvpp_channels_created/destroyed, dvpp_mallocs,
+  dvpp_live_allocations, dvpp_live_bytes}}, "threads_running"} (keys appear once non-zero);
 * `report()` / `write_report()`: a JSON summary, written to $YOLOEDGE_FAKE_ACL_REPORT at every
   `acl.finalize` and at interpreter exit (a daemon that leaves through os._exit writes it at its
   finalize, which is what the tests check).
@@ -60,6 +69,9 @@ GE_ADDR_INVALID = 145007
 GE_DYNAMIC_INPUT_ADDR_INVALID = 145011
 GE_DYNAMIC_INPUT_LENGTH_INVALID = 145012
 GE_DYNAMIC_BATCH_SIZE_INVALID = 145013
+GE_AIPP_NOT_EXIST = 145015
+RT_THREAD_SUBSCRIBE = 107012  # process_report on a thread no channel/stream is subscribed to
+RT_REPORT_TIMEOUT = 507012  # process_report saw no report within its timeout
 RT_FEATURE_NOT_SUPPORT = 207000
 RT_MEMORY_ALLOCATION = 207001
 FAILURE = 500001
@@ -86,11 +98,11 @@ class Region:
 
     ptr: int
     size: int
-    kind: str  # "device" | "host" (pinned, malloc_host) | "pageable" (bytes_to_ptr / numpy_to_ptr)
+    kind: str  # "device" | "dvpp" (acl.media.dvpp_malloc) | "host" (pinned) | "pageable" (bytes_to_ptr)
     device: int | None
     data: np.ndarray | None  # uint8; None for read-only `bytes`
     owner: Any = None  # keeps a borrowed object alive
-    on_device: bool = False  # malloc_host memory when the process runs on the card (ACL_DEVICE)
+    on_device: bool = False  # device-side memory that is not kind "device": dvpp, or malloc_host in ACL_DEVICE
     requested: int = 0  # the size asked for (malloc rounds it up)
     model: int | None = None  # the model whose dataset first used this memory (fake-only strictness)
 
@@ -146,6 +158,59 @@ class ModelSpec:
     onnx_input_dtype: np.dtype
     onnx_batch_fixed: bool  # True: the ONNX takes one image at a time
     onnx_outputs: list  # names in the order of `outputs`
+    aipp_format: str = ""  # "" (no AIPP), "rgb" (RGB888_U8) or "yuv420sp" (YUV420SP_U8, NV12 in)
+
+
+@dataclass
+class MediaState:
+    """What acl.media and the report threads hold (the objects themselves live in media.py/util.py)."""
+
+    vdec_cap: int  # VDEC channels one card runs at once
+    lock: Any = None
+    channel_descs: dict = field(default_factory=dict)  # dvpp channel desc -> media.DvppChannel
+    pic_descs: dict = field(default_factory=dict)  # -> media.PicDesc
+    stream_descs: dict = field(default_factory=dict)  # -> media.StreamDesc
+    roi_configs: dict = field(default_factory=dict)  # -> (left, right, top, bottom)
+    resize_configs: dict = field(default_factory=dict)  # -> interpolation
+    vdec_descs: dict = field(default_factory=dict)  # -> media.VdecChannel
+    frame_configs: set = field(default_factory=set)
+    threads: dict = field(default_factory=dict)  # thread id -> util.ReportThread
+    subscriptions: dict = field(default_factory=dict)  # stream -> thread id (acl.rt.subscribe_report)
+    reports: dict = field(default_factory=dict)  # thread id -> list of pending callbacks
+    counters: Counter = field(default_factory=Counter)  # (device, what) -> count
+    cond: Any = None  # signalled when a report is queued or delivered
+    wait_bound_s: float = 10.0  # where the real call would wait forever (join, destroy), the fake gives up
+
+    def __post_init__(self) -> None:
+        self.cond = threading.Condition(self.lock)
+
+    def count(self, device: int, what: str, n: int = 1) -> None:
+        self.counters[(device, what)] += n
+
+    def leaks(self) -> dict:
+        return {
+            "dvpp_channel_descs": len(self.channel_descs),
+            "dvpp_channels": sum(1 for c in self.channel_descs.values() if c.created),
+            "pic_descs": len(self.pic_descs),
+            "stream_descs": len(self.stream_descs),
+            "roi_configs": len(self.roi_configs),
+            "resize_configs": len(self.resize_configs),
+            "vdec_channel_descs": len(self.vdec_descs),
+            "vdec_channels": sum(1 for c in self.vdec_descs.values() if c.created),
+            "vdec_frame_configs": len(self.frame_configs),
+        }
+
+    def report(self, state: "State") -> dict:
+        """Per device: what DVPP did, and the DVPP memory still held."""
+        per: dict[str, dict] = {}
+        for (device, what), n in sorted(self.counters.items()):
+            per.setdefault(str(device), {})[what] = n
+        for region in state.regions.values():
+            if region.kind == "dvpp":
+                entry = per.setdefault(str(region.device), {})
+                entry["dvpp_live_allocations"] = entry.get("dvpp_live_allocations", 0) + 1
+                entry["dvpp_live_bytes"] = entry.get("dvpp_live_bytes", 0) + region.requested
+        return {"devices": per, "threads_running": sum(1 for t in self.threads.values() if t.alive())}
 
 
 @dataclass
@@ -164,7 +229,8 @@ class Hold:
 
 
 class State:
-    def __init__(self, devices: int = 2, run_mode: int = ACL_HOST, soc: str = "Ascend310P3"):
+    def __init__(self, devices: int = 2, run_mode: int = ACL_HOST, soc: str = "Ascend310P3",
+                 vdec_channels: int = 32):
         self.lock = threading.RLock()
         self.local = threading.local()
         self.devices = devices
@@ -195,6 +261,7 @@ class State:
         self.holds: list[Hold] = []
         self.executed_gears: list[int] = []
         self.last_gear: dict[int, int] = {}
+        self.media = MediaState(vdec_channels, self.lock)
         self._next_handle = 0x1000
 
     def handle(self) -> int:
@@ -212,9 +279,12 @@ class State:
         self.local.context = ctx
 
     # -- memory ----------------------------------------------------------------------------------
-    def add_region(self, size: int, kind: str, device: int | None, requested: int = 0) -> Region:
-        data = np.zeros(size, np.uint8)
-        region = Region(data.ctypes.data, size, kind, device, data, requested=requested or size)
+    def add_region(self, size: int, kind: str, device: int | None, requested: int = 0, align: int = 0) -> Region:
+        """Real zeroed bytes; `align` > 0: the pointer is a multiple of it (DVPP wants 128)."""
+        raw = np.zeros(size + align, np.uint8)
+        skip = (-raw.ctypes.data) % align if align else 0
+        data = raw[skip:skip + size]
+        region = Region(data.ctypes.data, size, kind, device, data, owner=raw, requested=requested or size)
         self._insert(region)
         return region
 
@@ -274,7 +344,7 @@ class State:
         return None
 
     def allocated(self, kind: str, device: int | None = None) -> int:
-        """Bytes asked for in live `kind` allocations ("device" or "host"), on `device` (None: any)."""
+        """Bytes asked for in live `kind` allocations ("device", "dvpp" or "host"), on `device` (None: any)."""
         return sum(r.requested for r in self.regions.values()
                    if r.kind == kind and (device is None or r.device == device or r.kind == "host"))
 
@@ -283,6 +353,7 @@ class State:
         own = [r for r in self.regions.values() if r.kind != "pageable"]
         return {
             "device_memory": sum(1 for r in own if r.kind == "device"),
+            "dvpp_memory": sum(1 for r in own if r.kind == "dvpp"),
             "host_memory": sum(1 for r in own if r.kind == "host"),
             "models": len(self.models),
             "model_descs": len(self.descs),
@@ -291,16 +362,19 @@ class State:
             "streams": len(self.streams),
             "contexts": sum(1 for c in self.contexts.values() if not c.default),
             "devices_set": sum(1 for n in self.device_refs.values() if n > 0),
+            **self.media.leaks(),
         }
 
 
 STATE = State(devices=int(os.environ.get("YOLOEDGE_FAKE_ACL_DEVICES", "2")))
 
 
-def reset(devices: int = 2, run_mode: int = ACL_HOST, util_helpers=ALL_UTIL, soc: str = "Ascend310P3") -> State:
-    """A fresh fake process: nothing initialised, nothing allocated, counters at zero."""
+def reset(devices: int = 2, run_mode: int = ACL_HOST, util_helpers=ALL_UTIL, soc: str = "Ascend310P3",
+          vdec_channels: int = 32) -> State:
+    """A fresh fake process: nothing initialised, nothing allocated, counters at zero.
+    `vdec_channels`: how many VDEC channels one card runs at once (UNCONFIRMED for the 310P)."""
     global STATE
-    STATE = State(devices, run_mode, soc)
+    STATE = State(devices, run_mode, soc, vdec_channels)
     from . import util
 
     util.install(util_helpers)
@@ -337,6 +411,7 @@ def report() -> dict:
                 1 for name, _code in STATE.errors if name == "acl.mdl.load_from_file"),
             "leaks": STATE.leaks(),
             "executed_gears": dict(Counter(STATE.executed_gears)),
+            "media": STATE.media.report(STATE),
         }
 
 
@@ -357,7 +432,8 @@ def api(name: str, shape: str, needs_init: bool = True, default: Any = None,
         device_of: Callable[..., int | None] | None = None) -> Callable:
     """Count the call, take the lock, turn `Refused` into pyACL's return shape.
 
-    shape: "ret" (an int), "value" ((value, ret)), "value2" ((a, b, ret)), "value3" ((a, b, c, ret))
+    shape: "ret" (an int), "value" ((value, ret)), "value2" ((a, b, ret)), "value3" ((a, b, c, ret)),
+    "value4" ((a, b, c, d, ret))
     or "bare" (the value itself; `default` when refused, as the C API returns NULL/0).
     device_of(state, *args): the device the call acts on, for `hold()`.
     """
@@ -393,12 +469,19 @@ def api(name: str, shape: str, needs_init: bool = True, default: Any = None,
     return wrap
 
 
+def record(state: State, name: str, code: int, why: str) -> int:
+    """Note a refusal made outside `api` (calls that wait without the lock); returns `code`."""
+    state.errors.append((name, code))
+    state.refusals.append((name, code, why))
+    return code
+
+
 def _refusal(shape: str, code: int, default: Any) -> Any:
     if shape == "ret":
         return code
     if shape == "bare":
         return default
-    fillers = {"value": 1, "value2": 2, "value3": 3}[shape]
+    fillers = {"value": 1, "value2": 2, "value3": 3, "value4": 4}[shape]
     return (*([default] * fillers), code)
 
 

@@ -8,7 +8,8 @@ import threading
 
 import numpy as np
 
-from ._fake import (DESERIALIZE_MODEL, GE_ADDR_INVALID, GE_DATA_SIZE_INVALID, GE_DYNAMIC_BATCH_SIZE_INVALID,
+from ._fake import (DESERIALIZE_MODEL, GE_ADDR_INVALID, GE_AIPP_NOT_EXIST, GE_DATA_SIZE_INVALID,
+                    GE_DYNAMIC_BATCH_SIZE_INVALID,
                     GE_DYNAMIC_INPUT_ADDR_INVALID, GE_DYNAMIC_INPUT_LENGTH_INVALID, INVALID_FILE, INVALID_MODEL_ID,
                     INVALID_PARAM, MBATCH_NAME, MODEL_INPUT_NOT_MATCH, MODEL_NOT_DYNAMIC, MODEL_OUTPUT_NOT_MATCH,
                     RT_MODEL_CONTEXT, RT_STREAM_CONTEXT, Model, ModelSpec, Refused, Tensor, api, need_int)
@@ -52,12 +53,20 @@ def _read_spec(path: str) -> ModelSpec:
     batch = cfg.get("batch", 1)
     gears = tuple(sorted(batch)) if isinstance(batch, list) else ()
     top = max(gears) if gears else int(batch)
-    aipp = bool(cfg.get("aipp", False))
+    aipp_cfg = cfg.get("aipp", False)
+    if aipp_cfg not in (False, True, "rgb", "yuv420sp"):
+        raise Refused(DESERIALIZE_MODEL, f"{sidecar}: aipp must be true/false, \"rgb\" or \"yuv420sp\"")
+    aipp_format = "yuv420sp" if aipp_cfg == "yuv420sp" else ("rgb" if aipp_cfg else "")
+    aipp = bool(aipp_format)
     onnx_in = session.get_inputs()[0]
     in_code, in_dtype = _ORT_TO_ACL[onnx_in.type]
     c, h, w = (int(d) for d in onnx_in.shape[1:])
     lead = -1 if gears else top
-    if aipp:  # static AIPP, input_format RGB888_U8: the model takes uint8 NHWC frames
+    if aipp_format == "yuv420sp":  # static AIPP, YUV420SP_U8: NV12 pictures (dims NHWC, size h*w*3/2;
+        # the reference's reading of get_input_dims/get_input_size_by_index, UNCONFIRMED on a card)
+        item = h * w * 3 // 2
+        image = Tensor(onnx_in.name, ACL_UINT8, ACL_FORMAT_NHWC, [lead, h, w, c], top * item, item, (h * 3 // 2, w))
+    elif aipp:  # static AIPP, input_format RGB888_U8: the model takes uint8 NHWC frames
         image = Tensor(onnx_in.name, ACL_UINT8, ACL_FORMAT_NHWC, [lead, h, w, c], top * h * w * c, h * w * c, (h, w, c))
     else:
         item = c * h * w * np.dtype(in_dtype).itemsize
@@ -75,7 +84,8 @@ def _read_spec(path: str) -> ModelSpec:
         fmt = ACL_FORMAT_NCHW if len(shape) == 3 else ACL_FORMAT_ND
         outputs.append(Tensor(name, code, fmt, [top, *shape], top * item, item, shape))
     fixed = isinstance(onnx_in.shape[0], int) and onnx_in.shape[0] == 1
-    return ModelSpec(onnx_path, gears, top, aipp, inputs, outputs, onnx_in.name, np.dtype(in_dtype), fixed, wanted)
+    return ModelSpec(onnx_path, gears, top, aipp, inputs, outputs, onnx_in.name, np.dtype(in_dtype), fixed, wanted,
+                     aipp_format)
 
 
 @api("acl.mdl.load_from_file", "value", default=0)
@@ -248,6 +258,47 @@ def get_aipp_type(state, model_id, index):
     return kind, INVALID_NODE_INDEX
 
 
+ACL_RGB888_U8_FORMAT, ACL_YUV420SP_U8_FORMAT = 3, 1  # aclAippInputFormat
+
+
+@api("acl.mdl.get_first_aipp_info", "value", default=None)
+def get_first_aipp_info(state, model_id, index):
+    """(info dict, ret) with the keys pyACL's mdl_wrap.cpp builds (it leaves out matrixR0C2, R2C0
+    and R2C1); (None, 145015) for an input without AIPP. The values are what the fake's static
+    blocks are (UNCONFIRMED: srcFormat/srcDimNum/outDims as a card fills them)."""
+    model = _model(state, model_id, same_context=False)
+    need_int(index)
+    spec = model.spec
+    if not 0 <= index < len(spec.inputs):
+        raise Refused(INVALID_PARAM, f"index {index} out of range")
+    if not spec.aipp or index != 0:
+        raise Refused(GE_AIPP_NOT_EXIST, f"input {index} has no AIPP")
+    image = spec.inputs[0]
+    n, h, w, c = image.dims
+    yuv = spec.aipp_format == "yuv420sp"
+    m = CSC_MATRIX if yuv else np.zeros((3, 3), np.int64)
+    bias = CSC_INPUT_BIAS if yuv else np.zeros(3, np.int64)
+    info = {"cscSwitch": int(yuv), "matrixR0C0": int(m[0, 0]), "matrixR0C1": int(m[0, 1]),
+            "matrixR1C0": int(m[1, 0]), "matrixR1C1": int(m[1, 1]), "matrixR1C2": int(m[1, 2]),
+            "matrixR2C2": int(m[2, 2]), "outputBias0": 0, "outputBias1": 0, "outputBias2": 0,
+            "inputBias0": int(bias[0]), "inputBias1": int(bias[1]), "inputBias2": int(bias[2]),
+            "rbuvSwapSwitch": 0, "axSwapSwitch": 0, "singleLineMode": 0, "srcImageSizeW": w, "srcImageSizeH": h,
+            "srcFormat": ACL_FORMAT_NHWC, "srcDatatype": ACL_UINT8, "srcDimNum": 4, "shapeCount": 1,
+            "inputFormat": ACL_YUV420SP_U8_FORMAT if yuv else ACL_RGB888_U8_FORMAT, "aippExtend": 0,
+            "cropSwitch": 0, "loadStartPosW": 0, "loadStartPosH": 0, "cropSizeW": 0, "cropSizeH": 0,
+            "resizeSwitch": 0, "resizeOutputW": 0, "resizeOutputH": 0, "paddingSwitch": 0, "leftPaddingSize": 0,
+            "rightPaddingSize": 0, "topPaddingSize": 0, "bottomPaddingSize": 0,
+            "meanChn0": 0, "meanChn1": 0, "meanChn2": 0, "meanChn3": 0,
+            "minChn0": 0.0, "minChn1": 0.0, "minChn2": 0.0, "minChn3": 0.0,
+            "varReciChn0": 1 / 255, "varReciChn1": 1 / 255, "varReciChn2": 1 / 255, "varReciChn3": 1.0}
+    out_item = c * h * w * spec.onnx_input_dtype.itemsize
+    info["outDims"] = [{"srcDims": {"name": image.name, "dimCount": 4, "dims": [n, h, w, c]},
+                        "srcSize": image.size,
+                        "aippOutdims": {"name": image.name, "dimCount": 4, "dims": [n, c, h, w]},
+                        "aippOutSize": spec.batch * out_item}]
+    return info
+
+
 # -- datasets -----------------------------------------------------------------------------------
 @api("acl.mdl.create_dataset", "bare", default=0)
 def create_dataset(state):
@@ -379,7 +430,10 @@ def _prepare(state, model: Model, in_ds, out_ds):
 def _compute(state, model: Model, gear: int, image_bytes: np.ndarray, targets: list) -> None:
     spec = model.spec
     first = spec.inputs[0]
-    if spec.aipp:  # static AIPP: uint8 RGB NHWC -> (x - 0 - 0) * (1/255), NCHW
+    if spec.aipp_format == "yuv420sp":  # static AIPP: NV12 -> RGB (ATC's CSC), then * (1/255), NCHW
+        frames = _nv12_to_rgb(image_bytes.reshape(gear, *first.item_shape)).transpose(0, 3, 1, 2)
+        batch = (frames.astype(np.float32) * np.float32(1.0 / 255.0)).astype(spec.onnx_input_dtype)
+    elif spec.aipp:  # static AIPP: uint8 RGB NHWC -> (x - 0 - 0) * (1/255), NCHW
         frames = image_bytes.reshape(gear, *first.item_shape).transpose(0, 3, 1, 2)
         batch = (frames.astype(np.float32) * np.float32(1.0 / 255.0)).astype(spec.onnx_input_dtype)
     else:
@@ -395,6 +449,22 @@ def _compute(state, model: Model, gear: int, image_bytes: np.ndarray, targets: l
     state.executed_gears.append(gear)
     state.executed_models.append(model.model_id)
     state.last_gear[model.model_id] = gear
+
+
+# the YUV420SP (BT.601 limited range) -> RGB block ATC documents: out = (M . (yuv - bias)) >> 8
+CSC_MATRIX = np.array([[298, 0, 409], [298, -100, -208], [298, 516, 0]], np.int64)
+CSC_INPUT_BIAS = np.array([16, 128, 128], np.int64)
+
+
+def _nv12_to_rgb(nv12: np.ndarray) -> np.ndarray:
+    """(n, h*3/2, w) NV12 -> (n, h, w, 3) uint8 RGB, as the AIPP colour conversion computes it."""
+    n, rows, w = nv12.shape
+    h = rows * 2 // 3
+    y = nv12[:, :h].astype(np.int64)
+    uv = nv12[:, h:].reshape(n, h // 2, w // 2, 2).repeat(2, axis=1).repeat(2, axis=2).astype(np.int64)
+    yuv = np.stack([y, uv[..., 0], uv[..., 1]], axis=-1) - CSC_INPUT_BIAS
+    rgb = (yuv @ CSC_MATRIX.T) >> 8
+    return np.clip(rgb, 0, 255).astype(np.uint8)
 
 
 def _dtype_of(tensor: Tensor):

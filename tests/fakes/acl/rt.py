@@ -242,3 +242,102 @@ def memcpy_async(state, dst, dest_max, src, count, kind, stream):
 
     s.pending.append(task)
 
+
+
+# -- report threads and memset (added for acl.media; see media.py) -------------------------------
+# process_report runs callbacks (VDEC's, queued by acl.media.vdec_send_frame) on the calling thread.
+# It waits without the fake's lock, so it cannot go through `api` as a whole.
+def _subscribed(state, tid) -> bool:
+    media = state.media
+    return (any(c.created and c.thread_id == tid for c in media.vdec_descs.values())
+            or tid in media.subscriptions.values() or bool(media.reports.get(tid)))
+
+
+def process_report(timeout):
+    """aclrtProcessReport(timeout ms; -1: no limit): run the callbacks queued for this thread.
+    0 when at least one ran, 507012 when none came in time, 107012 when nothing is subscribed to
+    this thread (a channel whose thread_id is this thread, or subscribe_report); 107002 on a thread
+    without a current context (the samples set one first; UNCONFIRMED that the card needs it). Fake-only: a
+    timeout of -1 gives up after `STATE.media.wait_bound_s` (recorded as misuse); timeout 0 or
+    below -1 is refused with 107000 (UNCONFIRMED)."""
+    import threading
+    import time
+
+    from . import _fake
+
+    state = _fake.STATE
+    name = "acl.rt.process_report"
+    need_int(timeout)
+    tid = threading.get_ident()
+    with state.lock:
+        state.counts[name] += 1
+        if not state.initialised:
+            return _fake.record(state, name, _fake.UNINITIALIZE, "acl.init has not been called")
+        try:
+            state.current_context()
+        except Refused as refused:
+            return _fake.record(state, name, refused.code, str(refused))
+        if timeout == 0 or timeout < -1:
+            return _fake.record(state, name, RT_PARAM_INVALID, f"timeout {timeout} ms")
+        media = state.media
+        wait = media.wait_bound_s if timeout == -1 else timeout / 1000.0
+        deadline = time.monotonic() + wait
+        while not media.reports.get(tid):
+            if not _subscribed(state, tid):
+                return _fake.record(state, name, _fake.RT_THREAD_SUBSCRIBE, "no channel or stream is "
+                                    "subscribed to this thread")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if timeout == -1:
+                    _fake.record(state, name, _fake.RT_REPORT_TIMEOUT, "process_report(-1) found nothing "
+                                 f"in {media.wait_bound_s} s (the real call would wait forever)")
+                else:
+                    state.errors.append((name, _fake.RT_REPORT_TIMEOUT))
+                return _fake.RT_REPORT_TIMEOUT
+            media.cond.wait(left)
+        batch, media.reports[tid] = media.reports[tid], []
+        for item in batch:
+            item.start(state)
+    for item in batch:
+        item.run()  # the user's callback, on this thread, without the lock (it calls acl itself)
+    with state.lock:
+        for item in batch:
+            item.finish(state)
+        state.media.cond.notify_all()
+    return 0
+
+
+@api("acl.rt.subscribe_report", "ret")
+def subscribe_report(state, thread_id, stream):
+    need_int(thread_id, stream)
+    if stream not in state.streams:
+        raise Refused(RT_PARAM_INVALID, "unknown stream")
+    from .media import live_thread
+
+    if live_thread(state, thread_id) is None:
+        raise Refused(107012, f"thread {thread_id} is not a running thread")
+    if stream in state.media.subscriptions:
+        raise Refused(107011, "the stream is already subscribed")
+    state.media.subscriptions[stream] = thread_id
+
+
+@api("acl.rt.unsubscribe_report", "ret")
+def unsubscribe_report(state, thread_id, stream):
+    need_int(thread_id, stream)
+    if state.media.subscriptions.get(stream) != thread_id:
+        raise Refused(107011, "the stream is not subscribed to this thread")
+    del state.media.subscriptions[stream]
+
+
+@api("acl.rt.memset", "ret")
+def memset(state, dev_ptr, max_count, value, count):
+    """aclrtMemset(devPtr, maxCount, value, count): device-side memory (malloc, dvpp_malloc, or
+    malloc_host in ACL_DEVICE run mode); count > max_count is refused like memcpy's."""
+    need_int(dev_ptr, max_count, value, count)
+    ctx = state.current_context()
+    if count > max_count:
+        raise Refused(RT_PARAM_INVALID, f"count {count} > max_count {max_count}")
+    region = state.find(dev_ptr, max_count)
+    if _side(state, region) != "device" or region.device != state.contexts[ctx].device:
+        raise Refused(RT_PARAM_INVALID, "memset of memory that is not device memory of this context's device")
+    region.view(dev_ptr, count)[...] = value & 0xFF
