@@ -216,16 +216,22 @@ def host_frames(path: Path, limit: int) -> dict[float, np.ndarray]:
     return frames
 
 
-def host_nv12(bgr: np.ndarray, geo) -> np.ndarray:
-    """The project's host letterbox of `bgr` with the geometry VPC used, as NV12 bytes."""
+def host_nv12(bgr: np.ndarray, geo, full_range: bool = False) -> np.ndarray:
+    """The project's host letterbox of `bgr` with the geometry VPC used, as NV12 bytes: BT.601
+    limited range (what video carries), or full range (JFIF: what a JPEG holds and JPEGD gives)."""
     import cv2
     from yoloedge.preprocess.letterbox import PAD_VALUE, resize_into
     w, h = CANVAS
     canvas = np.full((h, w, 3), PAD_VALUE, np.uint8)
     src = bgr[:geo.src_h, :geo.src_w]
     resize_into(np.ascontiguousarray(src), geo, canvas[geo.top:geo.top + geo.new_h, geo.left:geo.left + geo.new_w])
-    i420 = cv2.cvtColor(canvas, cv2.COLOR_BGR2YUV_I420).reshape(-1)
-    y, u, v = i420[:w * h], i420[w * h:w * h * 5 // 4], i420[w * h * 5 // 4:]
+    if full_range:
+        ycrcb = cv2.cvtColor(canvas, cv2.COLOR_BGR2YCrCb)
+        half = cv2.resize(ycrcb, (w // 2, h // 2), interpolation=cv2.INTER_AREA)
+        y, u, v = ycrcb[..., 0].reshape(-1), half[..., 2].reshape(-1), half[..., 1].reshape(-1)
+    else:
+        i420 = cv2.cvtColor(canvas, cv2.COLOR_BGR2YUV_I420).reshape(-1)
+        y, u, v = i420[:w * h], i420[w * h:w * h * 5 // 4], i420[w * h * 5 // 4:]
     uv = np.empty(w * h // 2, np.uint8)
     uv[0::2], uv[1::2] = u, v
     return np.concatenate([y, uv])
@@ -315,8 +321,8 @@ def test_h264_clip_decodes_and_letterboxes_like_the_host(card, fake):
 def test_two_cameras_on_one_card_get_their_own_channels(card, fake):
     units = access_units(CLIP, 12)
     a, b = Consumer(card, keep=0), Consumer(card, keep=0)
-    va = card.open_vdec("a", "h264", 1280, 720, ring=3, on_picture=a.on_picture)
-    vb = card.open_vdec("b", "h264", 1280, 720, ring=3, on_picture=b.on_picture)
+    va = card.open_vdec("a", "h264", 1280, 720, ring=8, on_picture=a.on_picture)
+    vb = card.open_vdec("b", "h264", 1280, 720, ring=8, on_picture=b.on_picture)
     assert (va.channel_id, vb.channel_id) == (0, 1)
     for data, pts in units:
         assert va.send(data, pts) and vb.send(data, pts)
@@ -341,7 +347,7 @@ def test_jpeg_decodes_and_letterboxes_like_the_host(card, fake):
     geo = card.letterbox(picture, canvas, *CANVAS)
     assert (geo.new_w, geo.new_h, geo.left, geo.top) == (480, 640, 80, 0)
     got = read_canvas(canvas)
-    expected = host_nv12(cv2.imread(str(JPEG)), geo)
+    expected = host_nv12(cv2.imread(str(JPEG)), geo, full_range=True)  # JPEGD keeps the JPEG's range
     assert np.abs(got.astype(np.int16) - expected.astype(np.int16)).mean() < 3.0
     grown = slot.grown
     card.decode_jpeg(data, slot)  # the same size again: no reallocation

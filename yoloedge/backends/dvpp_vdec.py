@@ -98,6 +98,7 @@ class VdecChannel:
         self._channel_desc = 0
         self._frame_config = 0
         self._eos_desc = 0
+        self._eos_pending = False  # an EOS was sent and its callback has not come yet
         self._closed = False
         self._open()
 
@@ -203,6 +204,8 @@ class VdecChannel:
             self.card.bind()
             self._fill(slot, access_unit)
             m = acl.media
+            ptr, pic_size = self._pics[pic]
+            describe_nv12(pic, ptr, pic_size)  # VDEC may have written a smaller size into it
             check(m.dvpp_set_stream_desc_data(slot.desc, slot.ptr), "acl.media.dvpp_set_stream_desc_data")
             check(m.dvpp_set_stream_desc_size(slot.desc, size), "acl.media.dvpp_set_stream_desc_size")
             check(m.dvpp_set_stream_desc_timestamp(slot.desc, max(0, int(round(pts * 1e6)))),
@@ -236,15 +239,27 @@ class VdecChannel:
         if self._closed:
             return True
         self.card.bind()
+        if not self._wait(lambda: not self._eos_pending, timeout_s):
+            return False  # the previous EOS is still VDEC's
         m = acl.media
         check(m.dvpp_set_stream_desc_data(self._eos_desc, 0), "acl.media.dvpp_set_stream_desc_data")
         check(m.dvpp_set_stream_desc_size(self._eos_desc, 0), "acl.media.dvpp_set_stream_desc_size")
         check(m.dvpp_set_stream_desc_eos(self._eos_desc, 1), "acl.media.dvpp_set_stream_desc_eos")
-        check(m.vdec_send_frame(self._channel_desc, self._eos_desc, 0, self._frame_config, None),
-              "acl.media.vdec_send_frame", f"{self.name}: end of stream")
+        with self._cond:
+            self._eos_pending = True
+        try:
+            check(m.vdec_send_frame(self._channel_desc, self._eos_desc, 0, self._frame_config, None),
+                  "acl.media.vdec_send_frame", f"{self.name}: end of stream")
+        except BaseException:
+            with self._cond:
+                self._eos_pending = False
+            raise
+        return self._wait(lambda: not self._eos_pending and len(self._free_inputs) == len(self._inputs), timeout_s)
+
+    def _wait(self, done: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while len(self._free_inputs) < len(self._inputs):
+            while not done():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -275,6 +290,10 @@ class VdecChannel:
         pts = m.dvpp_get_stream_desc_timestamp(stream_desc) / 1e6 if stream_desc else 0.0
         if slot is not None:
             self._give(slot=slot)
+        elif stream_desc and stream_desc == self._eos_desc:
+            with self._cond:
+                self._eos_pending = False
+                self._cond.notify_all()
         if not pic_desc or pic_desc not in self._pics:
             return  # the EOS frame (no picture), or not one of ours
         code = int(m.dvpp_get_pic_desc_ret_code(pic_desc))
