@@ -399,3 +399,71 @@ def test_a_failed_open_releases_what_it_took(fake):
     assert not any(_fake.leaks().values()) and not acl_runtime.PROCESS.initialised
     assert [r[0] for r in _fake.STATE.refusals] == ["acl.rt.set_device"]  # only the injected fault
     _fake.STATE.refusals.clear()
+
+
+def test_a_reconnect_reuses_the_channel_and_its_memory(card, fake):
+    from acl import _fake
+    units = access_units(CLIP, 10)
+    consumer = Consumer(card, keep=0)
+    vdec = card.open_vdec("cam", "h264", 1280, 720, ring=8, on_picture=consumer.on_picture)
+    for data, pts in units:
+        assert vdec.send(data, pts)
+    assert vdec.flush(30)
+    first = vdec.stats.decoded
+    mallocs = _fake.STATE.counts["acl.media.dvpp_malloc"]
+    for data, pts in units:  # the camera came back: the same stream from its start
+        assert vdec.send(data, pts)
+    assert vdec.flush(30)
+    consumer.stop()
+    assert vdec.stats.decoded == 2 * first > 0 and not consumer.failures
+    assert _fake.STATE.counts["acl.media.dvpp_malloc"] == mallocs  # nothing allocated per frame
+    assert vdec.stats.grown == 0
+
+
+def test_an_access_unit_bigger_than_its_buffer_grows_it_once(card, fake):
+    units = access_units(CLIP, 4)
+    consumer = Consumer(card, keep=0)
+    vdec = card.open_vdec("cam", "h264", 1280, 720, ring=8, on_picture=consumer.on_picture)
+    for data, pts in units:
+        assert vdec.send(data, pts)
+    assert vdec.flush(30)
+    assert vdec.stats.grown == 0 and vdec.stats.decoded == len(units)
+    big = units[0][0] + bytes(400_000)  # the IDR with trailing_zero_8bits: legal Annex-B padding
+    for _ in range(3):  # each time into the slot freed last: it grows the first time only
+        assert vdec.send(big, units[0][1]) and vdec.flush(30)
+    consumer.stop()
+    assert vdec.stats.grown == 1 and vdec.stats.decoded == len(units) + 3 and not consumer.failures
+
+
+def test_a_failed_vdec_open_releases_its_part_only(card, fake):
+    from acl import _fake
+    before = _fake.leaks()
+    _fake.fail("acl.media.dvpp_malloc", 207001, times=1)
+    with pytest.raises(Exception, match="dvpp_malloc"):
+        card.open_vdec("cam", "h264", 1280, 720, ring=4, on_picture=lambda p: p.release())
+    assert _fake.leaks() == before
+    assert [r[0] for r in _fake.STATE.refusals] == ["acl.media.dvpp_malloc"]
+    _fake.STATE.refusals.clear()
+    vdec = card.open_vdec("cam", "h264", 1280, 720, ring=4, on_picture=lambda p: p.release())
+    assert vdec.channel_id == 0
+
+
+def test_preparer_threads_letterbox_in_parallel_on_their_own_lanes(card, fake):
+    import threading
+    picture = card.decode_jpeg(JPEG.read_bytes(), card.jpeg_slot())
+    canvases = [card.alloc_canvas(*CANVAS) for _ in range(3)]
+    results: dict[int, object] = {}
+
+    def prepare(i: int) -> None:
+        for _ in range(3):
+            results[i] = card.letterbox(picture, canvases[i], *CANVAS)
+
+    threads = [threading.Thread(target=prepare, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(set(results.values())) == 1 and len(results) == 3
+    images = [read_canvas(c) for c in canvases]
+    assert all((img == images[0]).all() for img in images)
+    assert len(card._lanes) == 4  # three preparers and this thread

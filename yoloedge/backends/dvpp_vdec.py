@@ -10,8 +10,13 @@ closed only when the camera is removed):
   are read back from the descriptor of every picture;
 * `ring` input slots: a stream descriptor and a DVPP buffer for one access unit each. An access
   unit's buffer must stay untouched until VDEC has reported the frame (the decode is
-  asynchronous), so each frame in flight holds its own slot; a slot's buffer is reallocated only
-  when a bigger access unit than it ever held comes (`stats.grown` counts it).
+  asynchronous), so each frame in flight holds its own slot. A slot's buffer is allocated at the
+  first access unit it carries (an eighth of a raw frame, at least 64 KiB) and reallocated only
+  when an access unit does not fit, to the largest one the channel has seen (`stats.grown`).
+
+The ring must be deeper than the stream's reorder delay (frames VDEC holds before it outputs the
+first: 0 for the Baseline/Main streams most cameras send without B-frames, up to the DPB size with
+B-frames) plus the pictures the consumer holds at once; a shallower ring drops frames.
 
 `send()` (the camera's reader thread) takes a free input slot and a free picture, copies the
 Annex-B access unit into the slot's buffer and hands both to `vdec_send_frame`. When none is free
@@ -46,7 +51,7 @@ import acl
 
 from ..errors import BackendError
 from .acl_runtime import check, checked
-from .dvpp_limits import PIXEL_FORMAT_YUV_SEMIPLANAR_420, vdec_buffer_size, vdec_entype, vdec_strides
+from .dvpp_limits import PIXEL_FORMAT_YUV_SEMIPLANAR_420, align_up, vdec_buffer_size, vdec_entype, vdec_strides
 from .dvpp_pic import DevicePicture, create_pic_desc, describe_nv12, dvpp_malloc, read_nv12
 from .undo import UndoStack, raise_collected
 
@@ -99,6 +104,10 @@ class VdecChannel:
         self._frame_config = 0
         self._eos_desc = 0
         self._eos_pending = False  # an EOS was sent and its callback has not come yet
+        # input buffers start at an eighth of a raw frame (an IDR of a camera stream rarely comes
+        # near it) and grow to the largest access unit seen so far when one does not fit
+        self._first_cap = max(64 << 10, self.width * self.height // 8)
+        self._largest = 0
         self._closed = False
         self._open()
 
@@ -221,12 +230,13 @@ class VdecChannel:
 
     def _fill(self, slot: _Input, data: bytes) -> None:
         size = len(data)
+        self._largest = max(self._largest, size)
         if slot.cap < size:
             if slot.ptr:
                 ptr, slot.ptr, slot.cap = slot.ptr, 0, 0
                 check(acl.media.dvpp_free(ptr), "acl.media.dvpp_free", f"growing an input buffer of {self.name}")
                 self.stats.grown += 1
-            cap = max(size, 64 << 10)
+            cap = align_up(max(self._largest, self._first_cap), 64 << 10)
             slot.ptr = checked(acl.media.dvpp_malloc(cap), "acl.media.dvpp_malloc", f"{cap}-byte input of {self.name}")
             slot.cap = cap
         host = acl.util.bytes_to_ptr(data)
