@@ -421,6 +421,7 @@ def test_a_reconnect_reuses_the_channel_and_its_memory(card, fake):
 
 
 def test_an_access_unit_bigger_than_its_buffer_grows_it_once(card, fake):
+    from acl import _fake
     units = access_units(CLIP, 4)
     consumer = Consumer(card, keep=0)
     vdec = card.open_vdec("cam", "h264", 1280, 720, ring=8, on_picture=consumer.on_picture)
@@ -428,11 +429,13 @@ def test_an_access_unit_bigger_than_its_buffer_grows_it_once(card, fake):
         assert vdec.send(data, pts)
     assert vdec.flush(30)
     assert vdec.stats.grown == 0 and vdec.stats.decoded == len(units)
+    mallocs = _fake.STATE.counts["acl.media.dvpp_malloc"]
     big = units[0][0] + bytes(400_000)  # the IDR with trailing_zero_8bits: legal Annex-B padding
     for _ in range(3):  # each time into the slot freed last: it grows the first time only
         assert vdec.send(big, units[0][1]) and vdec.flush(30)
     consumer.stop()
     assert vdec.stats.grown == 1 and vdec.stats.decoded == len(units) + 3 and not consumer.failures
+    assert _fake.STATE.counts["acl.media.dvpp_malloc"] == mallocs + 1
 
 
 def test_a_failed_vdec_open_releases_its_part_only(card, fake):

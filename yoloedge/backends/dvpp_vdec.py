@@ -10,9 +10,10 @@ closed only when the camera is removed):
   are read back from the descriptor of every picture;
 * `ring` input slots: a stream descriptor and a DVPP buffer for one access unit each. An access
   unit's buffer must stay untouched until VDEC has reported the frame (the decode is
-  asynchronous), so each frame in flight holds its own slot. A slot's buffer is allocated at the
-  first access unit it carries (an eighth of a raw frame, at least 64 KiB) and reallocated only
-  when an access unit does not fit, to the largest one the channel has seen (`stats.grown`).
+  asynchronous), so each frame in flight holds its own slot. The slots' buffers are allocated at
+  open (an eighth of a raw frame each, at least 64 KiB: an IDR of a camera stream rarely comes
+  near it) and one is reallocated only when an access unit does not fit it, to the largest one
+  the channel has seen (`stats.grown`).
 
 The ring must be deeper than the stream's reorder delay (frames VDEC holds before it outputs the
 first: 0 for the Baseline/Main streams most cameras send without B-frames, up to the DPB size with
@@ -104,8 +105,6 @@ class VdecChannel:
         self._frame_config = 0
         self._eos_desc = 0
         self._eos_pending = False  # an EOS was sent and its callback has not come yet
-        # input buffers start at an eighth of a raw frame (an IDR of a camera stream rarely comes
-        # near it) and grow to the largest access unit seen so far when one does not fit
         self._first_cap = max(64 << 10, self.width * self.height // 8)
         self._largest = 0
         self._closed = False
@@ -127,6 +126,11 @@ class VdecChannel:
                 self._inputs[slot.desc] = slot
                 self._free_inputs.append(slot)
             self._undo.push(f"free the input buffers of {self.name}", self._free_inputs_memory)
+            cap = align_up(self._first_cap, 64 << 10)
+            for slot in self._inputs.values():
+                slot.ptr = checked(acl.media.dvpp_malloc(cap), "acl.media.dvpp_malloc",
+                                   f"{cap}-byte input of {self.name}")
+                slot.cap = cap
             self._eos_desc = self._stream_desc(f"{self.name} EOS")
             config = m.vdec_create_frame_config()
             if not config:
