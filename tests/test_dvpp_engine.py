@@ -301,6 +301,10 @@ def test_h264_clip_decodes_and_letterboxes_like_the_host(card, fake):
     assert vdec.stats.sent == len(units) and vdec.stats.dropped == 0 and not errors
     assert vdec.stats.decoded == len(consumer.results) >= len(units) - 4
     assert vdec.free_pictures == 4 and vdec.in_flight == 0  # every picture came back to the ring
+    # pictures come out in display order, each with its own pts (the clip has B-frames: sent
+    # order differs), so each matches PyAV's frame of that pts and not its neighbours
+    shown = [round(pts, 6) for pts, _geo, _data in consumer.results]
+    assert shown == sorted(round(pts, 6) for _data, pts in units)[:len(shown)]
     frames = host_frames(CLIP, len(units))
     compared = 0
     for pts, geo, data in consumer.results:
@@ -309,7 +313,7 @@ def test_h264_clip_decodes_and_letterboxes_like_the_host(card, fake):
             continue
         expected = host_nv12(frames[round(pts, 6)], geo)
         diff = np.abs(data.astype(np.int16) - expected.astype(np.int16))
-        assert diff.mean() < 3.0, (pts, diff.mean())
+        assert diff.mean() < 1.0, (pts, diff.mean())  # a neighbouring frame differs by 1.4 or more
         w, h = CANVAS
         y = data[:w * h].reshape(h, w)
         assert (y[:geo.top] == 114).all() and (y[geo.top + geo.new_h:] == 114).all()
@@ -469,4 +473,4 @@ def test_preparer_threads_letterbox_in_parallel_on_their_own_lanes(card, fake):
     assert len(set(results.values())) == 1 and len(results) == 3
     images = [read_canvas(c) for c in canvases]
     assert all((img == images[0]).all() for img in images)
-    assert len(card._lanes) == 4  # three preparers and this thread
+    assert 2 <= len(card._lanes) <= 4  # this thread's and the preparers' (a finished one's id may recur)

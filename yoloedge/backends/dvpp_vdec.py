@@ -28,8 +28,9 @@ as errors or decodes them with artefacts: the count says how often it happened.)
 
 The callback runs on the card's report thread (`DvppCard`: `acl.util.start_thread` looping on
 `acl.rt.process_report`). pyACL calls it as `callback(stream_desc, pic_desc, user_data)` with the
-descriptors of the frame VDEC finished (`media_vdec.cpp`); they are looked up by handle (so
-reordered output is matched right), the input slot is freed, and then either
+descriptors of the send it completes (`media_vdec.cpp`); they are looked up by handle, the input
+slot is freed, the picture gets the smallest pts still waiting (display order: see `_next_pts`),
+and then either
 `on_picture(DevicePicture)` gets the picture (the consumer calls `release()` when done) or, when
 the picture descriptor's ret code is non-zero, the picture goes straight back to the ring, the
 error is counted and `on_error(code)` is called if given. An exception from either callback is
@@ -42,6 +43,7 @@ and frame descriptors, then the pictures' and the input slots' descriptors and m
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -105,6 +107,7 @@ class VdecChannel:
         self._frame_config = 0
         self._eos_desc = 0
         self._eos_pending = False  # an EOS was sent and its callback has not come yet
+        self._pts: list[int] = []  # pts (us) of the frames sent and not yet reported, a min-heap
         self._first_cap = max(64 << 10, self.width * self.height // 8)
         self._largest = 0
         self._closed = False
@@ -221,11 +224,19 @@ class VdecChannel:
             describe_nv12(pic, ptr, pic_size)  # VDEC may have written a smaller size into it
             check(m.dvpp_set_stream_desc_data(slot.desc, slot.ptr), "acl.media.dvpp_set_stream_desc_data")
             check(m.dvpp_set_stream_desc_size(slot.desc, size), "acl.media.dvpp_set_stream_desc_size")
-            check(m.dvpp_set_stream_desc_timestamp(slot.desc, max(0, int(round(pts * 1e6)))),
-                  "acl.media.dvpp_set_stream_desc_timestamp")
+            stamp = max(0, int(round(pts * 1e6)))
+            check(m.dvpp_set_stream_desc_timestamp(slot.desc, stamp), "acl.media.dvpp_set_stream_desc_timestamp")
             check(m.dvpp_set_stream_desc_eos(slot.desc, 0), "acl.media.dvpp_set_stream_desc_eos")
-            check(m.vdec_send_frame(self._channel_desc, slot.desc, pic, self._frame_config, None),
-                  "acl.media.vdec_send_frame", f"{self.name}: {size}-byte access unit")
+            with self._cond:
+                heapq.heappush(self._pts, stamp)  # before the send: its callback may come first
+            try:
+                check(m.vdec_send_frame(self._channel_desc, slot.desc, pic, self._frame_config, None),
+                      "acl.media.vdec_send_frame", f"{self.name}: {size}-byte access unit")
+            except BaseException:
+                with self._cond:
+                    self._pts.remove(stamp)
+                    heapq.heapify(self._pts)
+                raise
         except BaseException:
             self._give(slot, pic)
             raise
@@ -298,10 +309,18 @@ class VdecChannel:
             self.stats.callback_failures += 1
             log.exception("%s: VDEC callback failed", self.name)
 
+    def _next_pts(self) -> float:
+        """The presentation time of the picture being reported: pictures come out in display
+        order, which is the order of their pts, whichever send's descriptors VDEC returns them
+        with (how the card pairs a reordered picture with a send is UNCONFIRMED; the fake pairs
+        it with the oldest waiting send)."""
+        with self._cond:
+            return heapq.heappop(self._pts) / 1e6 if self._pts else 0.0
+
     def _report(self, stream_desc: int, pic_desc: int) -> None:
         m = acl.media
         slot = self._inputs.get(stream_desc)
-        pts = m.dvpp_get_stream_desc_timestamp(stream_desc) / 1e6 if stream_desc else 0.0
+        pts = self._next_pts() if slot is not None else 0.0
         if slot is not None:
             self._give(slot=slot)
         elif stream_desc and stream_desc == self._eos_desc:
