@@ -474,3 +474,18 @@ def test_preparer_threads_letterbox_in_parallel_on_their_own_lanes(card, fake):
     images = [read_canvas(c) for c in canvases]
     assert all((img == images[0]).all() for img in images)
     assert 2 <= len(card._lanes) <= 4  # this thread's and the preparers' (a finished one's id may recur)
+
+
+def test_a_frame_that_decodes_to_nothing_is_an_error_and_its_picture_goes_back(card, fake):
+    from acl import _fake
+    units = access_units(CLIP, 3)
+    pictures: list = []
+    errors: list[int] = []
+    vdec = card.open_vdec("cam", "h264", 1280, 720, ring=4, on_picture=pictures.append, on_error=errors.append)
+    assert vdec.send(*units[2])  # a B-frame with nothing to reference: no picture by EOS
+    assert vdec.flush(30)
+    assert errors and vdec.stats.errors == len(errors) and not pictures
+    assert vdec.free_pictures == 4 and vdec.in_flight == 0
+    # the fake records the stream's own decode error with the misuse; it is the stream's, not ours
+    assert [r[0] for r in _fake.STATE.refusals] == ["acl.media.vdec (decoder)"]
+    _fake.STATE.refusals.clear()
