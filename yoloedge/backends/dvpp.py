@@ -44,12 +44,13 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 import acl
+import numpy as np
 
 from ..errors import BackendError
 from . import acl_runtime as rt
 from .acl_runtime import check, checked
 from .dvpp_limits import canvas_size, limits_for
-from .dvpp_pic import DevicePicture, dvpp_malloc
+from .dvpp_pic import DevicePicture, dvpp_malloc, read_back
 from .dvpp_vdec import VdecChannel
 from .dvpp_vpc import MAX_LANES, Canvases, JpegSlot, Lane, letterbox
 from .undo import UndoStack, raise_collected
@@ -287,6 +288,13 @@ class DvppCard:
         self.bind()
         with self._lock:
             return dvpp_malloc(self._extra, canvas_size(width, height), f"a {width}x{height} canvas")
+
+    def to_host(self, picture: DevicePicture) -> np.ndarray:
+        """The picture copied back as NV12 (`dvpp_pic.read_back`), when somebody needs its pixels."""
+        self.bind()
+        memcpy_out = rt.ACL_MEMCPY_DEVICE_TO_DEVICE if self.memcpy_in == rt.ACL_MEMCPY_DEVICE_TO_DEVICE \
+            else rt.ACL_MEMCPY_DEVICE_TO_HOST
+        return read_back(picture, memcpy_out)
 
     def letterbox(self, picture: DevicePicture, dst_ptr: int, dst_w: int, dst_h: int) -> Geometry:
         """VPC letterbox of `picture` into the NV12 canvas at `dst_ptr` (see `dvpp_vpc.letterbox`);

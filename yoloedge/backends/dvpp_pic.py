@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import acl
+import numpy as np
 
 from ..errors import BackendError
+from . import acl_runtime as rt
 from .acl_runtime import check, checked
 from .dvpp_limits import PIXEL_FORMAT_YUV_SEMIPLANAR_420
 from .undo import UndoStack
@@ -91,3 +93,22 @@ def read_nv12(desc: int) -> tuple[int, int, int, int]:
     m = acl.media
     return (int(m.dvpp_get_pic_desc_width(desc)), int(m.dvpp_get_pic_desc_height(desc)),
             int(m.dvpp_get_pic_desc_width_stride(desc)), int(m.dvpp_get_pic_desc_height_stride(desc)))
+
+
+def read_back(picture: DevicePicture, memcpy_out: int) -> np.ndarray:
+    """A host copy of `picture` as a (height * 3/2, width) NV12 array without the strides' padding:
+    for snapshots and event best shots only (the frame path never reads pixels back). Staged in
+    pinned memory allocated for the call; the caller has the picture's card context bound."""
+    nbytes = picture.size
+    host = checked(acl.rt.malloc_host(nbytes), "acl.rt.malloc_host", f"{nbytes} bytes to read a picture back")
+    try:
+        check(acl.rt.memcpy(host, nbytes, picture.ptr, nbytes, memcpy_out), "acl.rt.memcpy",
+              "a picture back from the card")
+        view = rt.host_array(host, nbytes)
+        data = view.copy() if view is not None else np.frombuffer(acl.util.ptr_to_bytes(host, nbytes), np.uint8)
+    finally:
+        check(acl.rt.free_host(host), "acl.rt.free_host")
+    ws, hs, w, h = picture.width_stride, picture.height_stride, picture.width, picture.height
+    luma = data[:ws * hs].reshape(hs, ws)[:h, :w]
+    chroma = data[ws * hs:ws * hs * 3 // 2].reshape(hs // 2, ws)[:h // 2, :w]
+    return np.concatenate([luma, chroma])

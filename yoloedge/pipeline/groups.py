@@ -175,7 +175,7 @@ class AcceleratorGroup:
                              f"{'a pipeline:' if camera.pipeline else 'decoder: ' + camera.decoder}")
         if self.media is None:
             raise MediaError(f"accelerator {self.name} (backend: {self.config.backend}) has no media engine")
-        return self.media.for_camera(camera.name, queue_size)
+        return self.media.for_camera(camera.name, queue_size, lossless=camera.realtime is False)
 
     def add_camera(self, camera: str, queue_size: int, lossless: bool,
                    models: Sequence[str] | None = None, device: str | None = None) -> CameraFeed:

@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import cv2
 import numpy as np
 
 from ..config.schema import AcceleratorConfig
@@ -36,9 +37,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: decoded pictures a camera's ring holds beyond its queue: one being decoded, one with the reader,
-#: one being letterboxed by each of a few preparers
-RING_SLACK = 4
+#: decoded pictures a camera's ring holds beyond its queue: a few in the decoder and with the
+#: reader, one being letterboxed by each of the preparers (up to `prepare.MAX_AUTO_THREADS`)
+RING_SLACK = 8
+#: how long a reader waits for a free picture before the access unit is dropped: a live camera
+#: drops soon (the card is behind, and newer frames come), a lossless one waits for the pipeline
+LIVE_WAIT_S = 1.0
+LOSSLESS_WAIT_S = 30.0
 
 
 class MediaError(YoloedgeError):
@@ -77,14 +82,14 @@ class CardPicture:
         return geometry
 
     def to_bgr(self) -> np.ndarray:
-        image: np.ndarray = self._card.to_bgr(self._inner)
-        return image
+        """Copied back from the card (only for whoever keeps the frame: snapshots, best shots)."""
+        return cv2.cvtColor(self._card.to_host(self._inner), cv2.COLOR_YUV2BGR_NV12)
 
 
 class _Channel:
     """One camera's decoder channel, as `sources.dvpp.VideoDecoder`."""
 
-    def __init__(self, camera: str, device: str, card: Any, info: StreamInfo, ring: int):
+    def __init__(self, camera: str, device: str, card: Any, info: StreamInfo, ring: int, wait_s: float):
         self.camera = camera
         self.device = device
         self.key = (info.codec, info.width, info.height)
@@ -92,21 +97,30 @@ class _Channel:
         self._ready = threading.Condition()
         self._pictures: collections.deque[CardPicture] = collections.deque()
         self._error: str | None = None
-        self._vdec = card.open_vdec(camera, info.codec, info.width, info.height, ring, self._on_picture)
+        self._vdec = card.open_vdec(camera, info.codec, info.width, info.height, ring, self._on_picture,
+                                    on_error=self._on_error, profile=info.profile, wait_s=wait_s)
 
     def _on_picture(self, picture: Any) -> None:
-        """The report thread: a picture came out of the decoder (or an error did)."""
+        """The report thread: a picture came out of the decoder."""
         with self._ready:
-            if getattr(picture, "error", None):
-                self._error = str(picture.error)
-                picture.release()
-            else:
-                self._pictures.append(CardPicture(picture, self._card, self.device))
+            self._pictures.append(CardPicture(picture, self._card, self.device))
             self._ready.notify_all()
 
+    def _on_error(self, code: int) -> None:
+        """The report thread: VDEC could not decode a frame (its picture went back to the ring)."""
+        with self._ready:
+            self._error = f"the card's VDEC could not decode a frame (picture ret code {code})"
+            self._ready.notify_all()
+
+    @property
+    def stats(self) -> Any:
+        return self._vdec.stats
+
     def send(self, data: bytes, pts_s: float | None) -> None:
+        """False from VDEC (no free picture within the wait: everything is still downstream)
+        drops this access unit, counted in the channel's stats."""
         try:
-            self._vdec.send(data, pts_s)
+            self._vdec.send(data, pts_s or 0.0)
         except YoloedgeError as exc:
             raise SourceError(f"the card refused an access unit: {exc}") from exc
 
@@ -117,7 +131,9 @@ class _Channel:
             return self._pictures.popleft() if self._pictures else None
 
     def flush(self, timeout_s: float) -> None:
-        self._vdec.flush()
+        if not self._vdec.flush(timeout_s):
+            log.warning("camera %s: the card's decoder did not return every frame within %.1f s of the stream's "
+                        "end", self.camera, timeout_s, extra={"camera": self.camera})
 
     @property
     def error(self) -> str | None:
@@ -141,11 +157,12 @@ class _Camera:
 class CameraMedia:
     """A camera's way onto its card (`sources.dvpp.MediaEngine`)."""
 
-    def __init__(self, owner: GroupMedia, camera: str, device_index: int, ring: int):
+    def __init__(self, owner: GroupMedia, camera: str, device_index: int, ring: int, wait_s: float):
         self._owner = owner
         self.camera = camera
         self.device_index = device_index
         self._ring = ring
+        self._wait_s = wait_s
 
     @property
     def device(self) -> str:
@@ -153,11 +170,13 @@ class CameraMedia:
 
     def unsupported(self, info: StreamInfo) -> str | None:
         from ..backends.dvpp_limits import dvpp_unsupported
-        reason: str | None = dvpp_unsupported(info.codec, info.profile, info.pix_fmt, info.width, info.height)
+        soc = self._owner.soc(self.device_index)
+        reason: str | None = dvpp_unsupported(info.codec, info.profile, info.pix_fmt, info.width or None,
+                                              info.height or None, soc)
         return reason
 
     def video_decoder(self, info: StreamInfo) -> _Channel:
-        return self._owner.channel(self.camera, info, self._ring)
+        return self._owner.channel(self.camera, info, self._ring, self._wait_s)
 
 
 class GroupMedia:
@@ -173,8 +192,11 @@ class GroupMedia:
     def worker_name(self, index: int) -> str:
         return f"{self.group}/{self.config.devices[index]}"
 
-    def for_camera(self, camera: str, queue_size: int = 2) -> CameraMedia:
-        """Pin `camera` to the card with the fewest cameras, opening that card's engine if needed."""
+    def for_camera(self, camera: str, queue_size: int = 2, lossless: bool = False) -> CameraMedia:
+        """Pin `camera` to the card with the fewest cameras, opening that card's engine if needed.
+        Its ring holds what its queue and the preparers may hold at once; a lossless camera's
+        reader waits for a free picture as long as the pipeline may take to free one, a live
+        camera's drops the frame after a moment (the card is behind)."""
         with self._lock:
             entry = self._cameras.get(camera)
             if entry is None:
@@ -188,7 +210,13 @@ class GroupMedia:
             with self._lock:
                 self._cameras.pop(camera, None)
             raise
-        return CameraMedia(self, camera, index, queue_size + RING_SLACK)
+        return CameraMedia(self, camera, index, queue_size + RING_SLACK,
+                           LOSSLESS_WAIT_S if lossless else LIVE_WAIT_S)
+
+    def soc(self, index: int) -> str | None:
+        with self._lock:
+            card = self._cards.get(index)
+        return None if card is None else card.soc
 
     def _card(self, index: int) -> Any:
         with self._lock:
@@ -206,7 +234,7 @@ class GroupMedia:
         log.info("%s: the card's media engine (DVPP) is open", self.worker_name(index))
         return card
 
-    def channel(self, camera: str, info: StreamInfo, ring: int) -> _Channel:
+    def channel(self, camera: str, info: StreamInfo, ring: int, wait_s: float) -> _Channel:
         """The camera's decoder channel for this stream: the open one again when codec and size
         are the same (a reconnect), else a new one in place of the old."""
         with self._lock:
@@ -222,7 +250,10 @@ class GroupMedia:
             log.info("camera %s: the stream changed to %s %dx%d; its decoder channel is made again",
                      camera, *key, extra={"camera": camera})
             old.close()
-        channel = _Channel(camera, self.worker_name(entry.device_index), card, info, ring)
+        try:
+            channel = _Channel(camera, self.worker_name(entry.device_index), card, info, ring, wait_s)
+        except YoloedgeError as exc:
+            raise SourceError(f"the card cannot open a decoder channel: {exc}") from exc
         with self._lock:
             entry.channel = channel
         return channel
@@ -238,8 +269,19 @@ class GroupMedia:
         with self._lock:
             cards = dict(self._cards)
             cameras = collections.Counter(c.device_index for c in self._cameras.values())
-        return {self.worker_name(i): {"cameras": cameras[i], **(card.status() if hasattr(card, "status") else {})}
-                for i, card in cards.items()}
+            channels = {i: [c.channel for c in self._cameras.values() if c.device_index == i and c.channel]
+                        for i in cards}
+        from ..backends.dvpp_limits import limits_for
+        out = {}
+        for i, card in cards.items():
+            limits = limits_for(card.soc)
+            stats = [ch.stats for ch in channels[i] if ch is not None]
+            out[self.worker_name(i)] = {
+                "soc": card.soc, "cameras": cameras[i], "vdec_channels": len(stats),
+                "vdec_channel_limit": limits.vdec_channels, "decode_budget_fps_1080p": limits.vdec_fps_1080p,
+                "decoded": sum(s.decoded for s in stats), "decode_errors": sum(s.errors for s in stats),
+                "dropped": sum(s.dropped for s in stats)}
+        return out
 
     def close(self) -> None:
         """Every channel, then every card (idempotent)."""
