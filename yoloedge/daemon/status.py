@@ -154,7 +154,10 @@ def collect(daemon: Daemon) -> DaemonStatus:
         cameras = [CameraStatus.of(c.status(), groups[c.group].rebalanced_of(c.name),
                                    daemon.tracking.camera_status(c.name))
                    for c in cameras_.runtimes.values()]
-    accelerators = [worker_status(group.name, w, problems) for group in groups.values() for w in group.workers]
+    accelerators = [worker_status(group.name, w, problems, media.get(w.worker_name))
+                    for group in groups.values()
+                    for media in [group.media.status() if group.media is not None else {}]
+                    for w in group.workers]
     publisher = daemon._current_publisher()  # once: a reload may replace it meanwhile
     mqtt = publisher.stats() if publisher is not None else {}
     reloader = daemon.reloader
@@ -167,8 +170,12 @@ def collect(daemon: Daemon) -> DaemonStatus:
                         events=daemon.events.stats(), listeners=listener_stats(daemon))
 
 
-def worker_status(accelerator: str, worker: DeviceWorker, problems: list[Problem]) -> WorkerStatus:
+def worker_status(accelerator: str, worker: DeviceWorker, problems: list[Problem],
+                  media: Mapping[str, Any] | None = None) -> WorkerStatus:
+    """`media`: the card's media engine (`decoder: dvpp`), where it is open."""
     report = worker.status()
+    if media is not None:
+        report = {**report, "media": dict(media)}
     return WorkerStatus(accelerator=accelerator, device=report["device"], state=report["state"],
                         healthy=(worker.state is WorkerState.RUNNING
                                  and not any(p.source == worker.worker_name for p in problems)),

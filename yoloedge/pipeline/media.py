@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,10 @@ RING_SLACK = 8
 #: drops soon (the card is behind, and newer frames come), a lossless one waits for the pipeline
 LIVE_WAIT_S = 1.0
 LOSSLESS_WAIT_S = 30.0
+#: how long VDEC may take to give back an input buffer (its decode ends) once a picture is free
+INPUT_WAIT_S = 2.0
+#: how often a reader whose ring is full looks again (a picture given back wakes no one here)
+SEND_POLL_S = 0.02
 
 
 class MediaError(YoloedgeError):
@@ -97,8 +102,9 @@ class _Channel:
         self._ready = threading.Condition()
         self._pictures: collections.deque[CardPicture] = collections.deque()
         self._error: str | None = None
+        self._wait_s = wait_s
         self._vdec = card.open_vdec(camera, info.codec, info.width, info.height, ring, self._on_picture,
-                                    on_error=self._on_error, profile=info.profile, wait_s=wait_s)
+                                    on_error=self._on_error, profile=info.profile, wait_s=INPUT_WAIT_S)
 
     def _on_picture(self, picture: Any) -> None:
         """The report thread: a picture came out of the decoder."""
@@ -116,13 +122,22 @@ class _Channel:
     def stats(self) -> Any:
         return self._vdec.stats
 
-    def send(self, data: bytes, pts_s: float | None) -> None:
-        """False from VDEC (no free picture within the wait: everything is still downstream)
-        drops this access unit, counted in the channel's stats."""
+    def send(self, data: bytes, pts_s: float | None) -> bool:
+        """Decode one access unit once the ring has a free picture. False, without sending, while
+        decoded pictures wait to be taken and the ring has none free: the reader takes them
+        first (it is the one that frees them), then offers the unit again. A ring that stays full
+        for the channel's wait (everything downstream) drops the unit, counted in its stats."""
+        deadline = time.monotonic() + self._wait_s
+        while self._vdec.free_pictures == 0 and time.monotonic() < deadline:
+            with self._ready:
+                if self._pictures:
+                    return False
+                self._ready.wait(SEND_POLL_S)
         try:
             self._vdec.send(data, pts_s or 0.0)
         except YoloedgeError as exc:
             raise SourceError(f"the card refused an access unit: {exc}") from exc
+        return True
 
     def next_picture(self, timeout_s: float) -> CardPicture | None:
         with self._ready:

@@ -23,7 +23,7 @@ from .base import Source, SourceError, SourceKind, UnsupportedSourceError, plaus
 from .frame import DevicePicture
 
 if TYPE_CHECKING:
-    from .demux import AccessUnitReader, StreamInfo
+    from .demux import AccessUnit, AccessUnitReader, StreamInfo
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,9 @@ log = logging.getLogger(__name__)
 class VideoDecoder(Protocol):
     """One camera's hardware decoder channel on its card (opened once, reused across reconnects)."""
 
-    def send(self, data: bytes, pts_s: float | None) -> None:
-        """Queue one Annex-B access unit for decoding; raises SourceError when the card refuses it."""
+    def send(self, data: bytes, pts_s: float | None) -> bool:
+        """Queue one Annex-B access unit for decoding; False (not sent) while decoded pictures
+        wait to be taken and nothing else can be decoded into; SourceError when the card refuses it."""
         ...
 
     def next_picture(self, timeout_s: float) -> DevicePicture | None:
@@ -88,6 +89,7 @@ class DvppSource(Source):
         self._placeholder = np.empty((0, 0, 0), np.uint8)
         self._flushed = False
         self._last_pts = 0.0
+        self._pending: AccessUnit | None = None  # read, not yet taken by the decoder
         self._open()
 
     def _open(self) -> None:
@@ -121,8 +123,8 @@ class DvppSource(Source):
             if picture is not None:
                 self._held = picture
                 return True
-            if self._flushed:
-                picture = decoder.next_picture(self._read_timeout_s)
+            if self._flushed:  # the flush waited for every picture sent: none is on its way
+                picture = decoder.next_picture(0.0)
                 if picture is not None:
                     self._held = picture
                     return True
@@ -131,7 +133,7 @@ class DvppSource(Source):
                     return False
                 self.eof = True  # the demuxer loops a file itself (`loop`), across which times add up
                 return False
-            unit = demux.read()
+            unit, self._pending = self._pending or demux.read(), None
             if unit is None:
                 if demux.error:
                     self.error = f"{self.description}: {demux.error}"
@@ -140,7 +142,8 @@ class DvppSource(Source):
                 self._flushed = True
                 continue
             try:
-                decoder.send(unit.data, unit.pts_s)
+                if not decoder.send(unit.data, unit.pts_s):
+                    self._pending = unit  # pictures first: taking them frees the ring
             except SourceError as exc:
                 self.error = str(exc)
                 return False
