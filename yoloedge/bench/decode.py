@@ -57,7 +57,7 @@ def process_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def read_all(clip: str, decoder: str, limit: int, threads: int = 1) -> Round:
+def read_all(clip: str, decoder: str, limit: int, threads: int = 1, card=None) -> Round:
     """Read `clip` to its end (or `limit` frames) with one decoder; CPU time is the whole process's
     (decoder threads included), so nothing else may run meanwhile."""
     from ..sources.opening import open_camera
@@ -65,7 +65,13 @@ def read_all(clip: str, decoder: str, limit: int, threads: int = 1) -> Round:
     config = CameraConfig(name="bench", url=clip, decoder=decoder, realtime=False if os.path.exists(clip) else None,
                           read_timeout_s=30, open_timeout_s=30, decode_threads=threads)
     wall, cpu = time.perf_counter(), process_cpu_s()
-    source, used = open_camera(config, camera="bench")
+    media = card.for_camera("bench", lossless=True) if card is not None and decoder == Decoder.DVPP.value else None
+    try:
+        source, used = open_camera(config, camera="bench", media=media)
+    except BaseException:
+        if media is not None:
+            card.remove_camera("bench")
+        raise
     frames = 0
     try:
         while not limit or frames < limit:
@@ -79,7 +85,31 @@ def read_all(clip: str, decoder: str, limit: int, threads: int = 1) -> Round:
             raise YoloedgeError(f"decoder {decoder}: {source.error}")
     finally:
         source.release()
+        if media is not None:
+            card.remove_camera("bench")  # its decoder channel: the next round opens its own
     return Round(decoder, used.value, frames, time.perf_counter() - wall, process_cpu_s() - cpu, threads)
+
+
+def _card_media():
+    """`dvpp`: the media engine of Ascend device 0, opened once (pyACL initialises once per
+    process); each round opens its own decoder channel, as a camera does. The figures are VDEC's
+    decode plus what the host pays around it: the demux and the hand-over of each access unit.
+    Against the fake pyACL (tests/fakes on PYTHONPATH) the card's decode is PyAV's on this CPU,
+    so only the host side means anything there."""
+    from ..config.schema import AcceleratorConfig
+    from ..pipeline.media import GroupMedia, MediaError
+    try:
+        import acl  # noqa: F401  (CANN's pyACL: the card's decoder)
+    except ImportError as exc:
+        raise YoloedgeError(f"decoder dvpp needs CANN's pyACL (import acl failed: {exc})") from None
+    media = GroupMedia("bench", AcceleratorConfig(name="bench", backend="ascend", devices=(0,)))
+    try:
+        media.for_camera("probe")  # opens the card: fails here, not in the middle of a round
+        media.remove_camera("probe")
+    except MediaError as exc:
+        media.close()
+        raise YoloedgeError(str(exc)) from None
+    return media
 
 
 def best_rounds(clip: str, decoders: list[str], rounds: int, limit: int,
@@ -89,14 +119,24 @@ def best_rounds(clip: str, decoders: list[str], rounds: int, limit: int,
     runs = [(d, t) for d in decoders for t in threads]
     results: dict[tuple[str, int], list[Round]] = {run: [] for run in runs}
     failures: dict[str, str] = {}
-    for _ in range(rounds):
-        for decoder, count in runs:
-            if decoder in failures:
-                continue
-            try:
-                results[(decoder, count)].append(read_all(clip, decoder, limit, count))
-            except YoloedgeError as exc:
-                failures[decoder] = str(exc)
+    card = None
+    if Decoder.DVPP.value in decoders:
+        try:
+            card = _card_media()
+        except YoloedgeError as exc:
+            failures[Decoder.DVPP.value] = str(exc)
+    try:
+        for _ in range(rounds):
+            for decoder, count in runs:
+                if decoder in failures:
+                    continue
+                try:
+                    results[(decoder, count)].append(read_all(clip, decoder, limit, count, card))
+                except YoloedgeError as exc:
+                    failures[decoder] = str(exc)
+    finally:
+        if card is not None:
+            card.close()
     return [failures[d] if d in failures else min(results[(d, t)], key=lambda r: r.wall_s) for d, t in runs]
 
 

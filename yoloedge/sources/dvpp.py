@@ -148,6 +148,11 @@ class DvppSource(Source):
                 self.error = str(exc)
                 return False
 
+    def read(self) -> np.ndarray | None:
+        """grab() and retrieve(): the placeholder; the picture waits for `take_picture` (or goes
+        back to its ring at the next retrieve)."""
+        return self.retrieve() if self.grab() else None
+
     def grabbed_size(self) -> tuple[int, int] | None:
         picture = self._held
         return None if picture is None else (picture.width, picture.height)
