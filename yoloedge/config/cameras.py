@@ -189,9 +189,10 @@ CAMERA_FIELDS: dict[str, Key] = {
                           "\"Memory per camera\")"),
     "decoder": Key(lambda ctx, item: read_camera_decoder(ctx, item),
                    "who decodes an `rtsp://` camera or a video file: OpenCV (FFmpeg), FFmpeg through PyAV (about 6 "
-                   "MB less per 1080p camera), or GStreamer in software or on the hardware (below). Status shows "
-                   "the one in use",
-                   type="`opencv`, `pyav`, `gstreamer`, `jetson`, `vaapi`, `nvidia`, `auto`"),
+                   "MB less per 1080p camera), GStreamer in software or on the hardware (below), or an Atlas "
+                   "card's VDEC (`dvpp`, on a `backend: ascend` accelerator whose .om takes YUV420SP). Status "
+                   "shows the one in use",
+                   type="`opencv`, `pyav`, `gstreamer`, `jetson`, `vaapi`, `nvidia`, `dvpp`, `auto`"),
     "pipeline": Key(lambda ctx, item: read_camera_pipeline(ctx, item),
                     "a GStreamer launch string ending in an `appsink`, instead of `url` (below)",
                     type=f"string, <= {MAX_URL_BYTES} bytes"),
