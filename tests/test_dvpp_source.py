@@ -168,7 +168,8 @@ def test_host_frames_into_an_nv12_model_and_dvpp_without_a_card_are_refused(fake
 
 @pytest.mark.parametrize("url, backend, problem", [
     ("rtsp://cam/stream", "onnxruntime", "backend: onnxruntime"),
-    ("/dev/video0", "ascend", "reads rtsp:// cameras, video files, image folders and HTTP MJPEG only"),
+    ("/dev/video0", "ascend", "reads rtsp:// cameras and video files only"),
+    ("http://cam/mjpeg", "ascend", "MJPEG cameras are decoded on the host"),
     ("synthetic://640x480?fps=5", "ascend", "reads rtsp:// cameras"),
 ])
 def test_the_config_refuses_dvpp_where_it_cannot_work(tmp_path, url, backend, problem):

@@ -358,18 +358,16 @@ def _pyav_ok(ctx: Context, entries: dict, values: dict) -> bool:
 
 def _dvpp_ok(ctx: Context, entries: dict, values: dict) -> bool:
     """decoder: dvpp reads rtsp:// cameras and video files (demultiplexed by PyAV, decoded by
-    VDEC), and image folders and HTTP MJPEG (decoded by JPEGD); that its group is an Ascend one is
-    checked with the accelerators (`modelrefs.check_camera_decoders`)."""
+    VDEC; a folder is told from a file only when the camera opens); that its group is an Ascend one
+    is checked with the accelerators (`modelrefs.check_camera_decoders`)."""
     from .sources import PYAV_HINT, av_installed
     url = values.get("url")
     if url is None:
         return True
     scheme, sep, _ = url.partition("://")
-    if sep and scheme.lower() in ("http", "https"):
-        return True  # MJPEG: JPEGD
     if not _preset_reads(url):
-        ctx.bad_value(entries["decoder"], "decoder: dvpp reads rtsp:// cameras, video files, image folders "
-                                          "and HTTP MJPEG only",
+        ctx.bad_value(entries["decoder"], "decoder: dvpp reads rtsp:// cameras and video files only (JPEG "
+                                          "folders and MJPEG cameras are decoded on the host)",
                       "use decoder: opencv (or auto) for this source")
         return False
     if sep and scheme.lower() in ("rtsp", "rtsps") and not av_installed():

@@ -29,6 +29,7 @@ from ..backends import backend_config_for, create_backend
 from ..backends.base import Backend
 from ..config.model import ModelConfig
 from ..config.schema import AcceleratorConfig, CameraConfig
+from ..sources.base import SourceKind, source_kind
 from ..sources.dvpp import MediaEngine
 from .detector import Detector
 from ..health.progress import ProgressTracker
@@ -175,6 +176,10 @@ class AcceleratorGroup:
                              f"{'a pipeline:' if camera.pipeline else 'decoder: ' + camera.decoder}")
         if self.media is None:
             raise MediaError(f"accelerator {self.name} (backend: {self.config.backend}) has no media engine")
+        if not camera.pipeline and source_kind(camera.url) not in (SourceKind.RTSP, SourceKind.FILE):
+            raise MediaError("its model(s) take NV12 pictures the card decodes from rtsp:// streams and video "
+                             "files; image folders, HTTP and capture devices are decoded on the host, so run "
+                             "this camera on an accelerator whose model takes host frames")
         return self.media.for_camera(camera.name, queue_size, lossless=camera.realtime is False)
 
     def add_camera(self, camera: str, queue_size: int, lossless: bool,

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..config.schema import AcceleratorConfig
 from ..errors import YoloedgeError
+from ..metrics import RateMeter
 from ..preprocess import Geometry
 from ..sources.base import SourceError
 
@@ -102,6 +103,7 @@ class _Channel:
         self._ready = threading.Condition()
         self._pictures: collections.deque[CardPicture] = collections.deque()
         self._error: str | None = None
+        self.rate = RateMeter()  # pictures decoded a second, for the card's budget in status
         self._wait_s = wait_s
         self._vdec = card.open_vdec(camera, info.codec, info.width, info.height, ring, self._on_picture,
                                     on_error=self._on_error, profile=info.profile, wait_s=INPUT_WAIT_S)
@@ -111,6 +113,7 @@ class _Channel:
         with self._ready:
             self._pictures.append(CardPicture(picture, self._card, self.device))
             self._ready.notify_all()
+        self.rate.mark()
 
     def _on_error(self, code: int) -> None:
         """The report thread: VDEC could not decode a frame (its picture went back to the ring)."""
@@ -291,10 +294,12 @@ class GroupMedia:
         for i, card in cards.items():
             limits = limits_for(card.soc)
             stats = [ch.stats for ch in channels[i] if ch is not None]
+            fps = sum(ch.rate.rate() for ch in channels[i] if ch is not None)
             out[self.worker_name(i)] = {
                 "soc": card.soc, "cameras": cameras[i], "vdec_channels": len(stats),
                 "vdec_channel_limit": limits.vdec_channels, "decode_budget_fps_1080p": limits.vdec_fps_1080p,
-                "decoded": sum(s.decoded for s in stats), "decode_errors": sum(s.errors for s in stats),
+                "decode_fps": round(fps, 1), "decoded": sum(s.decoded for s in stats),
+                "decode_errors": sum(s.errors for s in stats),
                 "dropped": sum(s.dropped for s in stats)}
         return out
 
