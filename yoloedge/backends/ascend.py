@@ -261,7 +261,7 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         self._async_copies = self.config.execute == "async" and not staged
         for input_set, array in enumerate(inp.arrays):
             array[...] = 0  # padding slots of a gear start as zeros, not garbage
-            if self.nv12:  # the card's own memory: black (Y 16, UV 128) until VPC writes a slot
+            if self.nv12:  # the card's own memory: the letterbox grey (see `_fill_nv12`)
                 self._fill_nv12(inp.device_ptrs[input_set], inp.device_bytes)
             else:
                 self._copy_in_now(inp, self._capacity, input_set)
@@ -377,11 +377,14 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
                   "acl.mdl.set_dynamic_batch_size", f"batch {gear}")
 
     def _fill_nv12(self, ptr: int, nbytes: int) -> None:
-        """Each frame slot is one NV12 picture: its luma plane, then its interleaved chroma."""
+        """Each frame slot is one NV12 picture (its luma plane, then its interleaved chroma),
+        filled with the letterbox grey (Y 114, UV 128: RGB 114 after the AIPP block). The card's
+        VPC redraws a slot's padding only when its geometry changes, and a reopened device may get
+        the same addresses back: fresh memory must already look like a padded canvas."""
         item = self._image.item_bytes
         luma = item * 2 // 3
         for start in range(0, nbytes - item + 1, item):
-            check(acl.rt.memset(ptr + start, nbytes - start, 16, luma), "acl.rt.memset", "NV12 input, luma")
+            check(acl.rt.memset(ptr + start, nbytes - start, 114, luma), "acl.rt.memset", "NV12 input, luma")
             check(acl.rt.memset(ptr + start + luma, nbytes - start - luma, 128, item - luma), "acl.rt.memset",
                   "NV12 input, chroma")
 
