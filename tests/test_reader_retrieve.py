@@ -50,7 +50,7 @@ def counting(monkeypatch):
     """Every source the reader opens is a CountingFile; the list of them."""
     opened: list[CountingFile] = []
 
-    def open_camera(config, *, camera=None, reuse_frame=False, image_limits=None):
+    def open_camera(config, *, camera=None, reuse_frame=False, image_limits=None, media=None):
         source = CountingFile(config.url, config.loop, camera)
         opened.append(source)
         return source, Decoder.OPENCV

@@ -218,9 +218,10 @@ class Letterboxer:
         """The scaled pad value, computed by the very conversion the picture goes through."""
         value = self._pad_values.get(dtype)
         if value is None:
-            one = np.empty((1, 1), dtype)
-            _scale_into(np.full((1, 1), PAD_VALUE, np.uint8), self._scale, one)
-            value = self._pad_values[dtype] = one[0, 0]
+            # not 1x1: OpenCV 5 reads a 1x1 (up to 4x1) array next to a scalar as a scalar itself
+            few = np.empty((PAD_PROBE, PAD_PROBE), dtype)
+            _scale_into(np.full((PAD_PROBE, PAD_PROBE), PAD_VALUE, np.uint8), self._scale, few)
+            value = self._pad_values[dtype] = few[0, 0]
         return value
 
     def _canvas_for(self, geo: Geometry, slot: np.ndarray) -> np.ndarray:
@@ -258,6 +259,10 @@ def _fill_padding(plane: np.ndarray, geo: Geometry, value: np.ndarray) -> None:
     plane[bottom:] = value
     plane[geo.top:bottom, :geo.left] = value
     plane[geo.top:bottom, right:] = value
+
+
+#: the side of the plane the pad value is converted on (`Letterboxer._pad_value`)
+PAD_PROBE = 8
 
 
 def _scale_into(plane: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
