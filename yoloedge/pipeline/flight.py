@@ -189,6 +189,9 @@ class HotPath:
 
     def _count_success(self, model: LoadedModel, n: int, seconds: float) -> None:
         stats = self.worker.stats
+        if self.failure is not None:  # a batch drained after the device gave up: it stays failed
+            stats.inferred(n, seconds, model.detector.backend.last_timing())
+            return
         model.consecutive_errors = 0
         if stats.consecutive_errors:
             # "in a row" is per model: another model's successes do not hide one that always fails
