@@ -5,15 +5,39 @@ nothing leaked at finalize. Reuses test_recovery's rig (batcher, preparers, two 
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 
 import pytest
 
-from test_recovery import CAMERAS, Rig, exercise, fake_acl, tiny_om  # noqa: F401  (fixtures; puts the fakes on sys.path)
+import test_recovery  # puts the fakes first on sys.path
+from test_recovery import CAMERAS, Rig, exercise
 
 import acl  # noqa: E402  (the fake)
 from yoloedge.backends.ascend import AscendBackend  # noqa: E402
 from yoloedge.config.ascend import AscendConfig  # noqa: E402
+from onnx_models import make_dynamic_batch_v8_model  # noqa: E402
+from yoloedge.backends import acl_runtime  # noqa: E402
+
+
+@pytest.fixture()
+def fake_acl(monkeypatch):
+    if not hasattr(acl, "_fake"):
+        pytest.skip("the real pyACL is imported in this process; this test needs the fake")
+    state = acl._fake.reset()
+    monkeypatch.setattr(acl_runtime, "PROCESS", acl_runtime.AclProcess())
+    return state
+
+
+@pytest.fixture()
+def tiny_om(tmp_path) -> Path:
+    """A fake .om of a dynamic-batch model (gears 1 and 2), as test_recovery's."""
+    onnx_path = make_dynamic_batch_v8_model(str(tmp_path / "tiny.onnx"), size=test_recovery.SIZE, nc=2)
+    om = tmp_path / "tiny.om"
+    om.write_bytes(b"fake om: see the .fake.json next to it")
+    Path(f"{om}.fake.json").write_text(json.dumps({"onnx": str(onnx_path), "batch": [1, 2]}))
+    return om
 
 
 class Spy(AscendBackend):
