@@ -462,6 +462,12 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
               "acl.rt.memcpy", f"output {out.name}, {count} bytes from the device")
         host.landed(count)
 
+    def _quiesce(self) -> None:
+        """Async: a batch submitted and never completed (a worker that failed between the two)
+        may still be queued: wait for the stream before its buffers are freed."""
+        if self._event_sets and self._stream:
+            check(acl.rt.synchronize_stream(self._stream), "acl.rt.synchronize_stream", "before teardown")
+
     def _queued(self) -> None:
         """Async: the event after the last copy-out, recorded when the batch is submitted."""
         if self._events is not None:

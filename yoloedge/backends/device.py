@@ -336,6 +336,9 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
     def _copy_output(self, out: DeviceTensor[HostT], n: int, output_set: int) -> None:
         """The first `n` items of `out` from the device into output set `output_set`."""
 
+    def _quiesce(self) -> None:
+        """Before releasing at close: wait for anything still queued on the device; nothing by default."""
+
     def _queued(self) -> None:
         """After the last step is queued (`submit`): mark the end of the batch; nothing by default."""
 
@@ -353,6 +356,10 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
             try:  # teardown may run on another thread than open: release on the device that allocated
                 self._activate("before teardown")
             except BackendError as failed:
+                errors.append(failed)
+            try:  # a batch submitted and never completed may still read and write the buffers
+                self._quiesce()
+            except Exception as failed:  # noqa: BLE001 - collected and raised below, after the release
                 errors.append(failed)
             errors += self._undo.unwind()
             self._reset_state()
