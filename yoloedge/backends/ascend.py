@@ -7,25 +7,27 @@ Lifecycle, all on the worker thread that owns the card (pyACL binds contexts to 
            memory (sized for the largest batch gear; the image input one buffer per input set) +
            pinned host memory (acl.rt.malloc_host: one buffer per input set and per output set)
            -> data buffers -> one input dataset per input set (with its own
-           `ascend_mbatch_shape_data` on dynamic-batch models), one output dataset -> [async: four
-           events] -> [ascend.profile: acl.prof init/create_config/start]
+           `ascend_mbatch_shape_data` on dynamic-batch models), one output dataset (async: one per
+           output set) -> [async: four events per output set] -> [ascend.profile: acl.prof init/create_config/start]
     run:   set_context -> set_dynamic_batch_size (smallest gear >= n) -> copy in (only the frames
            of this batch, from the chosen input set to its device buffer) -> execute -> copy out
            (into the chosen output set). sync: memcpy, execute, memcpy, timed by the host clock;
-           async: record, memcpy_async, record, execute_async, record, memcpy_async(s), record,
-           synchronize_event, the steps timed by event_elapsed_time (`last_timing`)
+           async: `submit` queues record, memcpy_async, record, execute_async, record,
+           memcpy_async(s), record (the output set's events); `complete` synchronize_event, the
+           steps timed by event_elapsed_time (`last_timing`, per completed ticket)
     close: exactly the reverse: [profiling], events, datasets, data buffers, device and host memory,
            unload, destroy desc, [stream, context, reset_device, last backend of the device scope],
            [acl.finalize, last backend of the process]
 
 Several models on one card: the backends of one device scope (`base.DeviceScope`: one worker
 incarnation) share one context and one stream (`acl_runtime.DeviceContext`), and each keeps its
-own description, datasets and buffers. One stream, not one per model: the worker runs one model
-at a time and each run ends synchronised (execute, or execute_async + synchronize_stream), so a
-second stream would overlap nothing, and fewer streams is less of what a card has a limited number
-of. A backend given no scope opens a private one: its own context and stream, as with one model.
-Async does not overlap batches yet (the worker takes a batch's outputs before it hands over the
-next); the per-set device buffers and the events are what a second queued batch would need.
+own description, datasets and buffers. One stream, not one per model: the worker runs one model's
+batch at a time (on async at most two queued, of any of its models, which the stream runs in
+order), so a stream per model would overlap nothing, and fewer streams is less of what a card has
+a limited number of. A backend given no scope opens a private one: its own context and stream, as with one model.
+On async the backend pipelines (`submit` queues, `complete` waits): the worker keeps up to two
+batches queued on the one stream, which runs them in order (the host's side overlaps the card's
+work; a copy never overlaps another batch's execution: that would need a second stream).
 
 Every acquisition pushes its own undo step, so `close` (and a failed `open`) release precisely
 what was acquired, in reverse order, and a failing step does not stop the ones after it. The
@@ -36,8 +38,9 @@ The letterbox writes straight into the pinned host memory: each of `input_buffer
 of one pinned input set (`acl.util.ptr_to_numpy`), and the arrays `run` returns are views of one
 pinned output set. Each input set has its own device buffer (`_input_device_buffer`, the one place
 it is allocated) and input dataset, so a copy queued on the stream for one set never overwrites
-what another set's batch reads; the outputs share one device buffer per tensor, copied out inside
-`run`. Shapes and data types come from
+what another set's batch reads; on async each output set also has its own device output buffers,
+output dataset and four events, so two batches in flight never share any (sync shares one device
+buffer per output). Shapes and data types come from
 the model description, so an `.om` with AIPP (uint8 NHWC input, normalised on the NPU) and one
 without (float32/float16 NCHW) both work, and an `.om` exported without its Detect layer exposes
 its raw feature maps for the `raw` decoder. An `.om` carries no Ultralytics metadata: labels and
