@@ -19,6 +19,7 @@ What keeps it sound:
 * each batch's device call is recorded at its submit (`DeviceHealth` holds one: the newest), so a
   `complete` that hangs is an overdue inference for the supervisor as before. With two in flight
   the deadline runs from the later submit, which comes right before the earlier batch's complete;
+* after a failed batch the worker backs off (as before), but only once nothing is in flight;
 * everything in flight (`Incarnation.running`) is given up together when the call is abandoned,
   and a stopping worker drains what it submitted before it leaves (and so before the device is
   closed).
@@ -70,6 +71,8 @@ class HotPath:
     call: DeviceCall | None
     running: list[tuple[LoadedModel, BatchBuffer]]
     error_backoff: Backoff
+    #: after a failed batch: how long to wait before the next one (0: none due)
+    backoff_s: float = 0.0
 
     def begin_call(self, what: str, deadline_s: float | None) -> float:
         raise NotImplementedError
@@ -93,6 +96,12 @@ class HotPath:
                     pending = new
                 elif new is not None:
                     self._finish(new)
+                if self.backoff_s:
+                    if pending is not None:
+                        self._finish(pending)
+                        pending = None
+                    delay, self.backoff_s = self.backoff_s, 0.0
+                    self.stop.wait(delay)
         except BaseException:
             if pending is not None:  # the device may still read and write its sets: wait for it
                 self._drain(pending)
@@ -217,8 +226,9 @@ class HotPath:
         if given_up:
             self.stop.set()  # leave the loop: the device is released and opened again
             return
-        # A failing device is retried, but not in a tight loop.
-        self.stop.wait(self.error_backoff.next_delay())
+        # A failing device is retried, but not in a tight loop: `_serve` waits this long once
+        # nothing is in flight (a wait with a batch on the device would read as its hang).
+        self.backoff_s = self.error_backoff.next_delay()
 
     def _acquire_output_set(self, model: LoadedModel) -> OutputSet | None:
         while True:
