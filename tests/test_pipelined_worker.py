@@ -137,3 +137,35 @@ def test_only_async_pinned_backends_pipeline(fake_acl, tiny_om, execute):
         assert backend.pipelined == (execute == "async")
     finally:
         backend.close()
+
+
+def test_the_default_submit_runs_at_once_and_complete_hands_over_its_outputs():
+    import numpy as np
+
+    from yoloedge.backends.base import Backend, Ticket
+    from yoloedge.errors import BackendError
+
+    class Plain(Backend):
+        runs: list[tuple[int, int, int]] = []
+
+        def open(self, max_batch, input_hw=None, *, input_sets=1, output_sets=1):
+            raise NotImplementedError
+
+        input_buffers = ()  # type: ignore[assignment]
+        max_batch = 4  # type: ignore[assignment]
+
+        def run(self, n, input_set=0, output_set=0):
+            self.runs.append((n, input_set, output_set))
+            return [np.full((n, 2), output_set)]
+
+        def close(self):
+            pass
+
+    backend = Plain("m")
+    assert not backend.pipelined
+    ticket = backend.submit(3, 1, 2)
+    assert backend.runs == [(3, 1, 2)]  # ran at submit
+    (out,) = backend.complete(ticket)
+    assert out.shape == (3, 2) and (out == 2).all()
+    with pytest.raises(BackendError, match="did not hand out"):
+        backend.complete(Ticket(1, 0, 0))
