@@ -359,3 +359,75 @@ def test_a_worker_reports_its_models_runtime_problems_once(tiny_om):
     finally:
         second.close()
         first.close()
+
+
+# -- two batches in flight (submit / complete) ---------------------------------------------------------
+def test_two_batches_in_flight_each_with_its_own_output_buffers_and_events(tiny_om, fake_process):
+    ticks = itertools.count()
+    fake_process.clock = lambda: next(ticks) * 0.001
+    backend = AscendBackend(str(tiny_om), AscendConfig(execute="async"))
+    backend.open(4, input_sets=2, output_sets=2)
+    try:
+        assert backend.pipelined
+        assert fake_process.counts["acl.rt.create_event"] == 8  # 4 per output set, once
+        assert all(len(set(o.device_ptrs)) == 2 for o in backend._outputs)
+        assert backend.memory()["device_bytes"] > 0
+        bufs = [fill(backend, s, 20 + s) for s in (0, 1)]
+        first = backend.submit(3, input_set=0, output_set=0)
+        second = backend.submit(2, input_set=1, output_set=1)  # queued behind the first
+        first_end = fake_process.events[backend._event_sets[0].events[3]]
+        second_end = fake_process.events[backend._event_sets[1].events[3]]
+        assert first_end.stamp is None and second_end.stamp is None  # nothing ran at submit
+        out0 = backend.complete(first)
+        assert first_end.stamp is not None and second_end.stamp is None  # only the first waited for
+        timing0 = backend.last_timing()
+        out1 = backend.complete(second)
+        timing1 = backend.last_timing()
+        np.testing.assert_allclose(class_scores(out0[0]), expected_scores(bufs[0][:3]), rtol=1e-5)
+        np.testing.assert_allclose(class_scores(out1[0]), expected_scores(bufs[1][:2]), rtol=1e-5)
+        assert timing0 is not None and timing1 is not None and timing0 is not timing1
+        assert timing0.source == timing1.source == "events"
+        assert timing1.copy_in_s == pytest.approx(0.001)  # each ticket's own events
+        # the same as one batch after the other, and as sync
+        same = [class_scores(backend.run(n, input_set=s, output_set=s)[0]) for s, n in ((0, 3), (1, 2))]
+        np.testing.assert_array_equal(same[0], class_scores(out0[0]))
+    finally:
+        backend.close()
+    assert not any(_fake.leaks().values()), _fake.leaks()
+
+
+def test_a_failed_execution_surfaces_at_its_own_complete_and_the_next_batch_completes(tiny_om):
+    backend = AscendBackend(str(tiny_om), AscendConfig(execute="async"))
+    backend.open(2, input_sets=2, output_sets=2)
+    try:
+        buf = fill(backend, 1, 7)
+        _fake.fail("acl.mdl.execute_async", 507011, times=1)
+        failing = backend.submit(2, input_set=0, output_set=0)
+        good = backend.submit(2, input_set=1, output_set=1)
+        with pytest.raises(AclError, match=r"acl\.rt\.synchronize_event failed with 507011"):
+            backend.complete(failing)
+        np.testing.assert_allclose(class_scores(backend.complete(good)[0]), expected_scores(buf[:2]), rtol=1e-5)
+    finally:
+        backend.close()
+    assert not any(_fake.leaks().values())
+
+
+def test_close_waits_for_a_batch_submitted_and_never_completed(tiny_om, fake_process):
+    backend = AscendBackend(str(tiny_om), AscendConfig(execute="async"))
+    backend.open(2, output_sets=2)
+    backend.submit(1, output_set=1)
+    backend.close()
+    assert fake_process.counts["acl.rt.synchronize_stream"] == 1
+    assert not any(_fake.leaks().values()), _fake.leaks()
+
+
+def test_sync_and_other_backends_do_not_pipeline_and_submit_runs_at_once(tiny_om, fake_process):
+    backend = opened(tiny_om, max_batch=2)
+    try:
+        assert not backend.pipelined
+        buf = fill(backend, 0, 8)
+        ticket = backend.submit(2)
+        assert fake_process.counts["acl.mdl.execute"] == 1  # ran at submit
+        np.testing.assert_allclose(class_scores(backend.complete(ticket)[0]), expected_scores(buf[:2]), rtol=1e-5)
+    finally:
+        backend.close()

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 class StepEvents:
     """Four events recorded on the stream around a batch's steps: before the copy-in, before the
-    execution, before the copy-out, after it. Created once (at open), reused by every batch."""
+    execution, before the copy-out, after it. Created once (at open), one set per output set, so
+    two batches queued at once (a pipelined worker) each have their own; reused by every batch."""
 
     COPY_IN, EXECUTE, COPY_OUT, END = range(4)
 
@@ -48,9 +49,8 @@ class StepEvents:
         check(acl.rt.record_event(self.events[step], self.stream), "acl.rt.record_event")
 
     def wait(self) -> None:
-        """Record the last event and wait for it: the stream runs in order, so every step queued
-        before it is done (a failed step's error is returned here)."""
-        self.record(self.END)
+        """Wait for the last event (recorded when the batch was queued): the stream runs in order,
+        so every step queued before it is done (a failed step's error is returned here)."""
         check(acl.rt.synchronize_event(self.events[self.END]), "acl.rt.synchronize_event")
 
     def timing(self) -> BatchTiming:

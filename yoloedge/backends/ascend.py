@@ -7,25 +7,27 @@ Lifecycle, all on the worker thread that owns the card (pyACL binds contexts to 
            memory (sized for the largest batch gear; the image input one buffer per input set) +
            pinned host memory (acl.rt.malloc_host: one buffer per input set and per output set)
            -> data buffers -> one input dataset per input set (with its own
-           `ascend_mbatch_shape_data` on dynamic-batch models), one output dataset -> [async: four
-           events] -> [ascend.profile: acl.prof init/create_config/start]
+           `ascend_mbatch_shape_data` on dynamic-batch models), one output dataset (async: one per
+           output set) -> [async: four events per output set] -> [ascend.profile: acl.prof init/create_config/start]
     run:   set_context -> set_dynamic_batch_size (smallest gear >= n) -> copy in (only the frames
            of this batch, from the chosen input set to its device buffer) -> execute -> copy out
            (into the chosen output set). sync: memcpy, execute, memcpy, timed by the host clock;
-           async: record, memcpy_async, record, execute_async, record, memcpy_async(s), record,
-           synchronize_event, the steps timed by event_elapsed_time (`last_timing`)
+           async: `submit` queues record, memcpy_async, record, execute_async, record,
+           memcpy_async(s), record (the output set's events); `complete` synchronize_event, the
+           steps timed by event_elapsed_time (`last_timing`, per completed ticket)
     close: exactly the reverse: [profiling], events, datasets, data buffers, device and host memory,
            unload, destroy desc, [stream, context, reset_device, last backend of the device scope],
            [acl.finalize, last backend of the process]
 
 Several models on one card: the backends of one device scope (`base.DeviceScope`: one worker
 incarnation) share one context and one stream (`acl_runtime.DeviceContext`), and each keeps its
-own description, datasets and buffers. One stream, not one per model: the worker runs one model
-at a time and each run ends synchronised (execute, or execute_async + synchronize_stream), so a
-second stream would overlap nothing, and fewer streams is less of what a card has a limited number
-of. A backend given no scope opens a private one: its own context and stream, as with one model.
-Async does not overlap batches yet (the worker takes a batch's outputs before it hands over the
-next); the per-set device buffers and the events are what a second queued batch would need.
+own description, datasets and buffers. One stream, not one per model: the worker runs one model's
+batch at a time (on async at most two queued, of any of its models, which the stream runs in
+order), so a stream per model would overlap nothing, and fewer streams is less of what a card has
+a limited number of. A backend given no scope opens a private one: its own context and stream, as with one model.
+On async the backend pipelines (`submit` queues, `complete` waits): the worker keeps up to two
+batches queued on the one stream, which runs them in order (the host's side overlaps the card's
+work; a copy never overlaps another batch's execution: that would need a second stream).
 
 Every acquisition pushes its own undo step, so `close` (and a failed `open`) release precisely
 what was acquired, in reverse order, and a failing step does not stop the ones after it. The
@@ -36,8 +38,9 @@ The letterbox writes straight into the pinned host memory: each of `input_buffer
 of one pinned input set (`acl.util.ptr_to_numpy`), and the arrays `run` returns are views of one
 pinned output set. Each input set has its own device buffer (`_input_device_buffer`, the one place
 it is allocated) and input dataset, so a copy queued on the stream for one set never overwrites
-what another set's batch reads; the outputs share one device buffer per tensor, copied out inside
-`run`. Shapes and data types come from
+what another set's batch reads; on async each output set also has its own device output buffers,
+output dataset and four events, so two batches in flight never share any (sync shares one device
+buffer per output). Shapes and data types come from
 the model description, so an `.om` with AIPP (uint8 NHWC input, normalised on the NPU) and one
 without (float32/float16 NCHW) both work, and an `.om` exported without its Detect layer exposes
 its raw feature maps for the `raw` decoder. An `.om` carries no Ultralytics metadata: labels and
@@ -127,8 +130,8 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         self._desc = 0
         self._mbatch: Tensor | None = None  # ascend_mbatch_shape_data, dynamic-batch models only
         self._input_datasets: list[int] = []  # one per input set: each binds that set's device buffers
-        self._output_dataset = 0
-        self._events: observe.StepEvents | None = None  # async with pinned views only
+        self._output_datasets: list[int] = []  # one per output set on async (its own device buffers), else one
+        self._event_sets: list[observe.StepEvents] = []  # async with pinned views only: one per output set
         self._async_copies = False  # async with pinned views: copies queued on the stream too
         self._model_soc: str | None = None  # the --soc_version the .om was built for, where found
         self._cann = ""
@@ -158,8 +161,8 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         self._describe(max_batch)
         self._allocate(input_sets, output_sets)
         self._build_datasets()
-        if self._async_copies:
-            self._events = observe.StepEvents(self._undo, self._stream)
+        if self._async_copies:  # one set per output set: each batch in flight has its own
+            self._event_sets = [observe.StepEvents(self._undo, self._stream) for _ in self._outputs[0].hosts]
         if self.config.profile:
             self._profiler = observe.Profiling.start(self.config.profile, self.config.device_id,
                                                 self.config.profile_batches, self.model_path)
@@ -266,6 +269,26 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
             else:
                 self._copy_in_now(inp, self._capacity, input_set)
 
+    def _device_output_per_set(self) -> bool:
+        """Async: two batches may be queued at once (`pipelined`), each executing into its own
+        output set's device buffers."""
+        return self.config.execute == "async"
+
+    @property
+    def _events(self) -> observe.StepEvents | None:
+        """The events of the batch in hand (its output set's), None where nothing is timed by events."""
+        return self._event_sets[self._output_set] if self._event_sets else None
+
+    @property
+    def _output_dataset(self) -> int:
+        return self._output_datasets[self._output_set if len(self._output_datasets) > 1 else 0]
+
+    @property
+    def pipelined(self) -> bool:
+        """Async with pinned views: `submit` queues the batch on the stream and returns; the
+        worker may then submit the next one before it `complete`s this one."""
+        return bool(self._event_sets)
+
     def _malloc(self, nbytes: int) -> int:
         ptr = checked(acl.rt.malloc(int(nbytes), rt.ACL_MEM_MALLOC_HUGE_FIRST), "acl.rt.malloc", f"{nbytes} bytes")
         self._undo.push("free device memory", lambda: check(acl.rt.free(ptr), "acl.rt.free"))
@@ -279,12 +302,15 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
 
     def _build_datasets(self) -> None:
         """Data buffers wrapping the device buffers, then one input dataset per input set (its own
-        image and batch-size buffers), one output dataset."""
+        image and batch-size buffers), one output dataset per output set where each has its own
+        device buffers (async), else one."""
         inputs = sorted([t for t in (self._input, self._mbatch) if t is not None], key=lambda t: t.index)
         in_buffers = [[self._data_buffer(t, t.device_ptrs[s]) for t in inputs] for s in range(len(self._image.hosts))]
-        out_buffers = [self._data_buffer(t, t.device_ptr) for t in self._outputs]
+        out_sets = len(self._outputs[0].device_ptrs) or 1
+        out_buffers = [[self._data_buffer(t, t.device_ptrs[s] if t.device_ptrs else t.device_ptr)
+                        for t in self._outputs] for s in range(out_sets)]
         self._input_datasets = [self._dataset(buffers) for buffers in in_buffers]  # one per input set
-        self._output_dataset = self._dataset(out_buffers)
+        self._output_datasets = [self._dataset(buffers) for buffers in out_buffers]
 
     def _data_buffer(self, tensor: Tensor, device_ptr: int) -> int:
         buffer = acl.create_data_buffer(device_ptr, tensor.device_bytes)
@@ -430,16 +456,30 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         host = out.hosts[output_set]
         count = n * out.item_bytes
         if self._events is not None:
-            check(acl.rt.memcpy_async(host.ptr, host.nbytes, out.device_ptr, count, self._memcpy_out, self._stream),
+            check(acl.rt.memcpy_async(host.ptr, host.nbytes, out.device_ptrs[output_set], count, self._memcpy_out,
+                                      self._stream),
                   "acl.rt.memcpy_async", f"output {out.name}, {count} bytes from the device")
             return
-        check(acl.rt.memcpy(host.ptr, host.nbytes, out.device_ptr, count, self._memcpy_out),
+        check(acl.rt.memcpy(host.ptr, host.nbytes, out.device_ptrs[output_set] if out.device_ptrs else out.device_ptr,
+                            count, self._memcpy_out),
               "acl.rt.memcpy", f"output {out.name}, {count} bytes from the device")
         host.landed(count)
 
+    def _quiesce(self) -> None:
+        """Async: a batch submitted and never completed (a worker that failed between the two)
+        may still be queued: wait for the stream before its buffers are freed."""
+        if self._event_sets and self._stream:
+            check(acl.rt.synchronize_stream(self._stream), "acl.rt.synchronize_stream", "before teardown")
+
+    def _queued(self) -> None:
+        """Async: the event after the last copy-out, recorded when the batch is submitted."""
+        if self._events is not None:
+            self._events.record(observe.StepEvents.END)
+
     def _synchronize(self) -> None:
-        """Async: wait for the event after the last copy-out (the stream runs in order, so every
-        copy and the execution before it are done); then count the batch for the profiler."""
+        """Async: wait for the event after this batch's last copy-out (the stream runs in order, so
+        every copy and the execution before it are done, and those of any batch submitted earlier);
+        then count the batch for the profiler."""
         if self._events is not None:
             self._events.wait()
         if self._profiler is not None and self._profiler.batch_done():

@@ -10,6 +10,7 @@ Lifecycle (all device calls on the one thread that owns the device):
                         input_sets=2, output_sets=3)
     bufs = backend.input_buffers                     # input sets: [max_batch, ...] host buffers
     outs = backend.run(n, input_set=i, output_set=o) # run the first n slots of set i
+    t = backend.submit(n, i, o); outs = backend.complete(t)  # the same, split (`pipelined`)
     backend.close()                                  # free in reverse order; idempotent
 
 Why several sets: the pipeline letterboxes the next batch into one input set (on other threads)
@@ -57,6 +58,19 @@ class BatchTiming:
     execute_s: float
     copy_out_s: float | None
     source: str = "host"
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A batch handed to `Backend.submit`, to be waited for by `Backend.complete`: its size, its
+    input and output sets, and the host clock readings (before the copy-in, the execution and the
+    copy-out) that a backend without device events splits its time by."""
+
+    n: int
+    input_set: int
+    output_set: int
+    host: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    outputs: tuple[np.ndarray, ...] | None = None  # the default `submit`: what `run` returned
 
 
 @dataclass
@@ -206,6 +220,26 @@ class Backend(ABC):
         """Execute on the first `n` slots of input set `input_set`; one array [n, ...] per model
         output, views of output set `output_set`, valid until that output set is run again."""
 
+    @property
+    def pipelined(self) -> bool:
+        """Whether `submit` returns before the batch is done, so that a worker may submit the next
+        batch (another input and output set) before it `complete`s this one. False by default:
+        `submit` runs the batch and `complete` only hands its outputs over."""
+        return False
+
+    def submit(self, n: int, input_set: int = 0, output_set: int = 0) -> Ticket:
+        """Start a batch (see `run`); its outputs come from `complete(ticket)`. A pipelining
+        backend only queues it: the input set must not be refilled, nor the output set read, until
+        `complete` returned. By default it runs the batch now."""
+        return Ticket(n, input_set, output_set, outputs=tuple(self.run(n, input_set, output_set)))
+
+    def complete(self, ticket: Ticket) -> list[np.ndarray]:
+        """Wait for the batch `ticket` names and return its outputs (as `run` does); its errors
+        are raised here. `last_timing` then describes this batch."""
+        if ticket.outputs is None:
+            raise BackendError(f"{self.model_path}: a ticket this backend did not hand out")
+        return list(ticket.outputs)
+
     @abstractmethod
     def close(self) -> None:
         """Release device resources in reverse order of acquisition; safe to call twice."""
@@ -217,8 +251,8 @@ class Backend(ABC):
         log.debug("%s: nothing to share in %r", self.model_path, scope)
 
     def last_timing(self) -> BatchTiming | None:
-        """The split of the last successful `run` (see `BatchTiming`), read by the worker thread
-        right after `run` returned; None (the default) where the backend does not measure it."""
+        """The split of the last successful `run` or `complete` (see `BatchTiming`), read by the
+        worker thread right after it returned; None (the default) where the backend does not measure it."""
         return None
 
     def runtime_info(self) -> dict | None:

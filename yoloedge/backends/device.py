@@ -11,7 +11,8 @@ outputs out into one of several output sets. What they share is here, once:
   `open` release precisely what was acquired, newest first;
 * the tensors (`DeviceTensor`): one device buffer each, and one pinned host buffer per input set
   (the image input) or per output set (every output), with typed numpy views of those;
-* `run`: its argument checks, then the device's steps in a fixed order (the hooks below), and the
+* `run` (= `complete(submit(...))`): its argument checks, then the device's steps in a fixed order
+  (the hooks below; `submit` up to `_queued`, `complete` from `_synchronize`), and the
   split of its time (`last_timing`: host clock readings between the steps, which the backend turns
   into copy-in / execute / copy-out, or its device events);
 * `close`: bind the device on the closing thread (which may not be the one that opened), unwind,
@@ -27,9 +28,11 @@ A backend implements these hooks, and nothing else of the above:
     _copy_input(inp, n, input_set)    the first n frames of an input set to the device
     _execute()                        run the model
     _copy_output(out, n, output_set)  the first n items of an output to its output set
-    _synchronize()                    wait for the queued work (optional)
+    _queued()                         mark the end of the queued batch (optional)
+    _synchronize()                    wait for the queued work of `_output_set` (optional)
     _timing(host) -> BatchTiming      the split of the run (optional: all of it as execution)
     _input_device_buffer(nbytes)      an input set's device buffer, with device_input_per_set (optional)
+    _device_output_per_set() -> bool  one device buffer per output set (optional; pipelined backends)
     _output_batch() -> int            the outputs' batch axis in the spec (DYNAMIC or fixed)
     _imgsz() -> (h, w)                the model's fixed input size
     _settle()                         process-wide bookkeeping after open/close (optional)
@@ -61,7 +64,7 @@ import numpy as np
 
 from ..errors import BackendError
 from ..model.spec import ModelMetadata, ModelSpec, TensorSpec
-from .base import Backend, BatchTiming, DeviceScope, check_open_request, warn_fixed_imgsz
+from .base import Backend, BatchTiming, DeviceScope, Ticket, check_open_request, warn_fixed_imgsz
 from .undo import UndoStack, raise_collected
 
 log = logging.getLogger(__name__)
@@ -113,6 +116,7 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
         self._scope: DeviceScope | None = None  # the one in use from open to close
         self._memory: dict | None = None  # memory(): set at the end of open
         self._input_set = 0  # the input set of the run in progress (the hooks read it)
+        self._output_set = 0  # ... and its output set
         self._last_timing: BatchTiming | None = None
 
     # -- sharing with the other models of the incarnation ----------------------------------------
@@ -194,6 +198,9 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
             if tensor is inp and self.device_input_per_set:
                 tensor.device_ptrs = [self._input_device_buffer(tensor.device_bytes) for _ in range(sets)]
                 tensor.device_ptr = tensor.device_ptrs[0]
+            elif tensor is not inp and self._device_output_per_set():
+                tensor.device_ptrs = [self._malloc(tensor.device_bytes) for _ in range(sets)]
+                tensor.device_ptr = tensor.device_ptrs[0]
             else:
                 tensor.device_ptr = self._malloc(tensor.device_bytes)
             host_bytes = self._capacity * tensor.item_bytes
@@ -201,6 +208,12 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
                 host, raw = self._pinned(host_bytes)
                 tensor.hosts.append(host)
                 tensor.arrays.append(raw[:host_bytes].view(tensor.dtype).reshape(self._capacity, *tensor.item_shape))
+
+    def _device_output_per_set(self) -> bool:
+        """One device buffer per output set for every output (True), or one shared by the sets: a
+        backend that keeps two batches queued (`pipelined`) needs its own per set, so that one
+        batch's execution never overwrites outputs another batch has yet to copy out."""
+        return False
 
     @abstractmethod
     def _malloc(self, nbytes: int) -> int:
@@ -253,6 +266,12 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
 
     def run(self, n: int, input_set: int = 0, output_set: int = 0) -> list[np.ndarray]:
         with self._lock:
+            return self.complete(self.submit(n, input_set, output_set))
+
+    def submit(self, n: int, input_set: int = 0, output_set: int = 0) -> Ticket:
+        """The argument checks, then every step up to the wait: synchronous steps are done when it
+        returns, queued ones (a backend whose `pipelined` is True) are on the stream."""
+        with self._lock:
             inp = self._input
             if self._spec is None or inp is None:
                 raise BackendError("backend is not open")
@@ -263,7 +282,7 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
             if not 0 <= output_set < len(self._outputs[0].hosts):
                 raise BackendError(f"output set {output_set} outside 0..{len(self._outputs[0].hosts) - 1}")
             self._activate()
-            self._input_set = input_set
+            self._input_set, self._output_set = input_set, output_set
             self._last_timing = None
             self._set_batch_for(n)
             t0 = time.perf_counter()
@@ -273,9 +292,20 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
             t2 = time.perf_counter()
             for out in self._outputs:
                 self._copy_output(out, n, output_set)
+            self._queued()
+            return Ticket(n, input_set, output_set, (t0, t1, t2))
+
+    def complete(self, ticket: Ticket) -> list[np.ndarray]:
+        """Wait for the batch of `ticket` (its errors are raised here) and return its outputs."""
+        with self._lock:
+            if self._spec is None:
+                raise BackendError("backend is not open")
+            self._activate()
+            self._input_set, self._output_set = ticket.input_set, ticket.output_set
+            self._last_timing = None
             self._synchronize()
-            self._last_timing = self._timing((t0, t1, t2, time.perf_counter()))
-            return [out.arrays[output_set][:n] for out in self._outputs]
+            self._last_timing = self._timing((*ticket.host, time.perf_counter()))
+            return [out.arrays[ticket.output_set][:ticket.n] for out in self._outputs]
 
     def last_timing(self) -> BatchTiming | None:
         return self._last_timing
@@ -306,8 +336,15 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
     def _copy_output(self, out: DeviceTensor[HostT], n: int, output_set: int) -> None:
         """The first `n` items of `out` from the device into output set `output_set`."""
 
+    def _quiesce(self) -> None:
+        """Before releasing at close: wait for anything still queued on the device; nothing by default."""
+
+    def _queued(self) -> None:
+        """After the last step is queued (`submit`): mark the end of the batch; nothing by default."""
+
     def _synchronize(self) -> None:
-        """Wait for the work queued by the steps above; nothing by default (they were synchronous)."""
+        """Wait for the work queued by the steps above (for the output set `_output_set`, `complete`);
+        nothing by default (they were synchronous)."""
 
     # -- closing -------------------------------------------------------------------------------
     def close(self) -> None:
@@ -319,6 +356,10 @@ class PinnedDeviceBackend(Backend, Generic[HostT]):
             try:  # teardown may run on another thread than open: release on the device that allocated
                 self._activate("before teardown")
             except BackendError as failed:
+                errors.append(failed)
+            try:  # a batch submitted and never completed may still read and write the buffers
+                self._quiesce()
+            except Exception as failed:  # noqa: BLE001 - collected and raised below, after the release
                 errors.append(failed)
             errors += self._undo.unwind()
             self._reset_state()

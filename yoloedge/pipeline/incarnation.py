@@ -6,7 +6,8 @@ The thread opens one backend per model its group loads, each with several input 
 sets (allocated once), warms each model up, and lends each model's input sets to that model's
 batcher. Then it only waits for whichever model has a sealed batch (`scheduler`), runs it from its
 input set into a free output set of that model, gives the input set back for refilling and hands
-the output set to the model's post-processing. A thread waiting for a free output set is
+the output set to the model's post-processing (the hot path, with up to two batches in flight
+on a pipelining backend, is `flight.HotPath`). A thread waiting for a free output set is
 back-pressure: post-processing is behind, and memory stays bounded.
 
 At the first opening a model that cannot be loaded is reported (`failed_models`) and the others
@@ -28,7 +29,6 @@ supervisor decides on them); `outputs_back` is a leaf.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -38,9 +38,10 @@ from .detector import Detector
 from ..health.progress import DeviceCall
 from ..model import identity
 from ..backends.base import DeviceScope
+from .flight import HotPath
 from .scheduler import Scheduler
 from .served import LoadedModel
-from .slots import BatchBuffer, OutputSet
+from .slots import BatchBuffer
 
 if TYPE_CHECKING:
     from .worker import DeviceWorker
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 OUTPUT_WAIT_S = 10.0
 
 
-class Incarnation:
+class Incarnation(HotPath):
     """One opening of a device and the thread that serves it. Its output sets come back here, so a
     late output set goes back to the life that made it."""
 
@@ -70,8 +71,8 @@ class Incarnation:
         self.failure: str | None = None  # it served, then gave up (too many failures in a row)
         self.abandoned = False  # its call hung: nothing it does from now on counts
         self.call: DeviceCall | None = None  # the device call (open or run) running now
-        self.running: BatchBuffer | None = None  # the batch on the device
-        self.running_model: LoadedModel | None = None  # ... and the model it is a batch of
+        #: the batches on the device and their models: one, or two with a pipelining backend (`flight`)
+        self.running: list[tuple[LoadedModel, BatchBuffer]] = []
         #: what the backends of this opening share on the device (one Ascend context for all its models)
         self.scope = DeviceScope(f"{self.name} opening {generation}")
         self.stop = threading.Event()
@@ -88,7 +89,7 @@ class Incarnation:
 
     @property
     def in_flight(self) -> bool:
-        return self.running is not None
+        return bool(self.running)
 
     def begin_call(self, what: str, deadline_s: float | None) -> float:
         """A device call starts (callers hold the worker's lock); returns when, on its clock."""
@@ -114,10 +115,8 @@ class Incarnation:
             except Exception as exc:  # noqa: BLE001 - any start-up failure is reported, not raised
                 worker.open_failed(self, f"{type(exc).__name__}: {exc}")
             scheduler = Scheduler([m.served.batcher for m in self.models], self.owner) if serving else None
-            while scheduler is not None and not self.stop.is_set():
-                job = scheduler.next_batch(self.stop)
-                if job is not None:
-                    self._process(self.models[job[0]], job[1])
+            if scheduler is not None:
+                self._serve(scheduler)
         except Exception as exc:  # noqa: BLE001 - a bug or a host failure: the device is restarted
             self._thread_failed(exc)
         finally:
@@ -131,7 +130,7 @@ class Incarnation:
         reason = f"the device thread failed: {type(exc).__name__}: {exc}"
         log.error("%s: %s", self.name, reason, exc_info=exc, extra={"device": self.name})
         with self.worker.lock:
-            self.running = None
+            self.running = []
             self.end_call()
             self.failure = reason
             self.stop.set()
@@ -252,92 +251,3 @@ class Incarnation:
             self.scope.close()  # normally nothing left: the last model released what they shared
         except Exception:  # noqa: BLE001 - logged; the device is left either way
             log.exception("%s: error while releasing what its models shared", self.name)
-
-    # -- the hot path -------------------------------------------------------------------------
-    def _process(self, model: LoadedModel, buffer: BatchBuffer) -> None:
-        worker = self.worker
-        batcher, post = model.served.batcher, model.served.post
-        output_set = self._acquire_output_set(model)
-        if output_set is None:  # stopping while post-processing holds every output set
-            batcher.release(buffer)
-            self.give_up(model, buffer, "stopping")
-            return
-        n = buffer.claimed
-        with worker.lock:
-            self.running = buffer
-            started = self.begin_call("inference", worker.accelerator.inference_timeout_s)
-            self.running_model = model
-        try:
-            outputs = model.detector.backend.run(n, buffer.index, output_set.index)
-        except Exception as exc:  # noqa: BLE001 - a failed batch must not kill the worker
-            with worker.lock:
-                self.running = None
-                self.end_call()
-                if self.abandoned:  # its ticket and frames were given up already
-                    model.release_output_set(output_set)
-                    return
-            self.give_up(model, buffer, None)
-            batcher.release(buffer)
-            model.release_output_set(output_set)
-            self._inference_failed(model, exc, n)
-            return
-        with worker.lock:
-            finished = worker.clock()
-            self.running = None
-            self.end_call()
-            if self.abandoned:  # too late: the batch was given up when the call was abandoned
-                model.release_output_set(output_set)
-                return
-        # The frames' details move on with the outputs; the input set is refilled at once.
-        output_set.metas, buffer.metas = buffer.metas, output_set.metas
-        output_set.outputs, output_set.count, output_set.ticket = outputs, n, buffer.ticket
-        output_set.started_mono, output_set.inferred_mono = started, finished
-        batcher.release(buffer)
-        try:
-            post.submit(output_set)
-        except Exception:
-            # Post-processing may or may not hold the set now: it is not reused (the device is
-            # left, see `_await_output_sets`), and its ticket is given up so publishing goes on.
-            worker.stats.frames_lost += sum(1 for m in output_set.metas[:n] if m.valid)
-            post.skip(output_set.ticket)
-            raise
-        model.batches += 1
-        self._count_success(model, n, finished - started)
-
-    def _count_success(self, model: LoadedModel, n: int, seconds: float) -> None:
-        stats = self.worker.stats
-        model.consecutive_errors = 0
-        if stats.consecutive_errors:
-            # "in a row" is per model: another model's successes do not hide one that always fails
-            stats.consecutive_errors = max(m.consecutive_errors for m in self.models)
-            if not stats.consecutive_errors:
-                self.worker.health.healthy()
-                self.error_backoff.reset()
-        stats.inferred(n, seconds, model.detector.backend.last_timing())
-
-    def _inference_failed(self, model: LoadedModel, exc: Exception, frames: int) -> None:
-        worker, stats = self.worker, self.worker.stats
-        model.consecutive_errors += 1
-        stats.consecutive_errors = max(m.consecutive_errors for m in self.models)
-        given_up = model.consecutive_errors >= worker.accelerator.max_consecutive_errors
-        if given_up:
-            what = "inferences" if len(self.models) == 1 else f"inferences of model {model.name}"
-            self.failure = f"{model.consecutive_errors} {what} failed in a row: {exc}"
-            worker.health.unhealthy(self.failure)
-        stats.errors += 1  # after the health: whoever sees the count sees the health that goes with it
-        log.error("%s: inference%s failed (%d in a row), %d frame(s) lost: %s", self.name,
-                  "" if len(self.models) == 1 else f" of model {model.name}", model.consecutive_errors, frames,
-                  exc, extra={"device": self.name})
-        if given_up:
-            self.stop.set()  # leave the loop: the device is released and opened again
-            return
-        # A failing device is retried, but not in a tight loop.
-        self.stop.wait(self.error_backoff.next_delay())
-
-    def _acquire_output_set(self, model: LoadedModel) -> OutputSet | None:
-        while True:
-            try:
-                return model.free_outputs.get(timeout=0.2)
-            except queue.Empty:
-                if self.stop.is_set() and (model.served.post.stopped or self.abandoned or self.failure):
-                    return None

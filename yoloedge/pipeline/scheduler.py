@@ -34,6 +34,20 @@ class Scheduler:
         self._turn = 0  # the model asked first next time
         self.runs = [0] * len(batchers)  # batches handed out per model
 
+    def ready_batch(self, stop: threading.Event) -> tuple[int, BatchBuffer] | None:
+        """(model index, its ready batch) if one is ready now, else None; never waits (a
+        pipelining worker asks while a batch is on the device, and completes that one otherwise)."""
+        count = len(self._batchers)
+        with self._signal.lock:
+            for k in range(count):
+                index = (self._turn + k) % count
+                got = self._batchers[index].poll(self._owner, stop)
+                if isinstance(got, BatchBuffer):
+                    self._turn = (index + 1) % count
+                    self.runs[index] += 1
+                    return index, got
+        return None
+
     def next_batch(self, stop: threading.Event, idle_wait_s: float = 0.5) -> tuple[int, BatchBuffer] | None:
         """(model index, its ready batch); None once no model will get more for this device."""
         count = len(self._batchers)

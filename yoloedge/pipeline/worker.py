@@ -274,7 +274,7 @@ class DeviceWorker:
     def _tick(self, now: float) -> None:
         """One look at the device: hung, gone, or due for a restart. Under the lock it only decides
         and changes state; the batcher, the health record's readers and the log come after it."""
-        abandoned: tuple[Incarnation, BatchBuffer | None, LoadedModel | None, str] | None = None
+        abandoned: tuple[Incarnation, list[tuple[LoadedModel, BatchBuffer]], str] | None = None
         ended: str | None = None
         delay: float | None = None
         spawn = False
@@ -286,7 +286,7 @@ class DeviceWorker:
                 inc.abandoned = True
                 inc.stop.set()
                 self._hung.append(inc)
-                abandoned = (inc, inc.running, inc.running_model, hang)
+                abandoned = (inc, list(inc.running), hang)
                 delay = self._retry_later(hang, now)
             elif inc is not None and inc.done.is_set() and self.state is not WorkerState.FAILED:
                 if inc.failure is None and inc.open_error is None and not inc.stop.is_set():
@@ -327,8 +327,7 @@ class DeviceWorker:
         self.next_retry_mono = None
         return False, len(self._hung)
 
-    def _let_go(self, inc: Incarnation, running: BatchBuffer | None, model: LoadedModel | None,
-                reason: str) -> None:
+    def _let_go(self, inc: Incarnation, running: list[tuple[LoadedModel, BatchBuffer]], reason: str) -> None:
         """The call hangs: take this life's buffers out without waiting for the call (supervisor
         thread, no lock held). The abandoned thread frees its device itself once its call returns,
         but not before its buffers are out of the batcher."""
@@ -337,8 +336,8 @@ class DeviceWorker:
                       extra={"device": self.worker_name})
             self.health.abandon(reason)
             self.set_down(True)
-            if running is not None and model is not None:
-                inc.give_up(model, running, "the device call hung")
+            for model, buffer in running:  # everything in flight (two batches on a pipelining backend)
+                inc.give_up(model, buffer, "the device call hung")
             inc.remove_buffers("the device hung")
         finally:
             inc.buffers_out.set()

@@ -295,7 +295,14 @@ def record_event(state, event, stream):
     s.pending.append(task)
 
 
-@api("acl.rt.synchronize_event", "ret")
+def _event_device(state, event, *rest):
+    """For holds: the card of the context an event was created in (None for an unknown event)."""
+    ev = state.events.get(event) if isinstance(event, int) else None
+    ctx = state.contexts.get(ev.context) if ev is not None else None
+    return ctx.device if ctx is not None else None
+
+
+@api("acl.rt.synchronize_event", "ret", device_of=_event_device)
 def synchronize_event(state, event):
     ev = _event(state, event)
     if ev.task is None or ev.stream not in state.streams:
