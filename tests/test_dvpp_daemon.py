@@ -66,8 +66,10 @@ def peer_detections(models: Path, clip: Path, frames: set[int]) -> dict[int, lis
     return out
 
 
+@pytest.mark.parametrize("execute", ["sync", "async"])
 def test_two_cards_decode_two_cameras_on_the_card(tmp_path, models, media, mosquitto, subscriber, notify,
-                                                  start_daemon):
+                                                  start_daemon, execute):
+    """`execute: async` also keeps two batches in flight per card (pipelined submit/complete)."""
     report = tmp_path / "acl-report.json"
     clip = media / CLIP
     om = make_om(tmp_path, models / MODEL, batch=[1, 2], aipp="yuv420sp")
@@ -75,7 +77,7 @@ def test_two_cards_decode_two_cameras_on_the_card(tmp_path, models, media, mosqu
                for name in ("east", "west")]
     config = base_config(tmp_path, models, mosquitto, cameras)
     config["model"] = {"path": str(om), "input": "aipp"}
-    config["accelerators"] = [{"backend": "ascend", "devices": [0, 1], "batch": 2}]
+    config["accelerators"] = [{"backend": "ascend", "devices": [0, 1], "batch": 2, "ascend": {"execute": execute}}]
     daemon, _ = start_daemon(config, env={"YOLOEDGE_FAKE_ACL_REPORT": str(report)})
     notify.wait_for("READY", "1", timeout=90)
 
