@@ -49,7 +49,6 @@ format come from the `model:` section of the config.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 
@@ -61,10 +60,12 @@ from ..errors import BackendError, ModelError
 from ..model.spec import DYNAMIC, ModelSpec
 from . import acl_observe as observe
 from . import acl_runtime as rt
+from . import ascend_nv12 as nv12
 from .acl_runtime import check, checked
 from .base import BatchTiming, require_model_file
 from .device import DeviceTensor, PinnedDeviceBackend
 from .npu_smi import NPU_SMI
+from .undo import UndoStack
 
 log = logging.getLogger(__name__)
 
@@ -232,17 +233,7 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
                          for i in range(acl.mdl.get_num_outputs(desc))]
 
     def _plan_batches(self, gears: tuple[int, ...], max_batch: int) -> None:
-        """Capacity: `max_batch` frames, at most the largest gear or the static batch. Each n <=
-        capacity runs on the smallest gear >= n (5 frames on gears 1/2/4/8 run as 8); a static
-        model always runs its full batch, the slots beyond n being padding."""
-        self._capacity = min(max_batch, self._model_batch)
-        if gears:
-            top = next(g for g in gears if g >= self._capacity)
-            self._gears = tuple(g for g in gears if g <= top)
-        else:
-            self._gears = ()
-        sizes = self._gears or (self._model_batch,)
-        self._gear_for = [0] + [next(g for g in sizes if g >= n) for n in range(1, self._capacity + 1)]
+        self._capacity, self._gears, self._gear_for = plan_batches(gears, self._model_batch, max_batch)
         if self._capacity != max_batch:
             log.info("%s: batches of up to %d frames (asked for %d; the model's %s)", self.model_path,
                      self._capacity, max_batch, f"gears are {list(gears)}" if gears else "batch is fixed")
@@ -265,7 +256,7 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         for input_set, array in enumerate(inp.arrays):
             array[...] = 0  # padding slots of a gear start as zeros, not garbage
             if self.nv12:  # the card's own memory: the letterbox grey (see `_fill_nv12`)
-                self._fill_nv12(inp.device_ptrs[input_set], inp.device_bytes)
+                nv12.fill_grey(inp.device_ptrs[input_set], inp.device_bytes, inp.item_bytes)
             else:
                 self._copy_in_now(inp, self._capacity, input_set)
 
@@ -305,29 +296,13 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
         image and batch-size buffers), one output dataset per output set where each has its own
         device buffers (async), else one."""
         inputs = sorted([t for t in (self._input, self._mbatch) if t is not None], key=lambda t: t.index)
-        in_buffers = [[self._data_buffer(t, t.device_ptrs[s]) for t in inputs] for s in range(len(self._image.hosts))]
+        undo = self._undo
+        in_buffers = [[data_buffer(undo, t, t.device_ptrs[s]) for t in inputs] for s in range(len(self._image.hosts))]
         out_sets = len(self._outputs[0].device_ptrs) or 1
-        out_buffers = [[self._data_buffer(t, t.device_ptrs[s] if t.device_ptrs else t.device_ptr)
+        out_buffers = [[data_buffer(undo, t, t.device_ptrs[s] if t.device_ptrs else t.device_ptr)
                         for t in self._outputs] for s in range(out_sets)]
-        self._input_datasets = [self._dataset(buffers) for buffers in in_buffers]  # one per input set
-        self._output_datasets = [self._dataset(buffers) for buffers in out_buffers]
-
-    def _data_buffer(self, tensor: Tensor, device_ptr: int) -> int:
-        buffer = acl.create_data_buffer(device_ptr, tensor.device_bytes)
-        if not buffer:
-            raise BackendError(f"acl.create_data_buffer returned no buffer for {tensor.name}")
-        self._undo.push("destroy data buffer",
-                        lambda: check(acl.destroy_data_buffer(buffer), "acl.destroy_data_buffer"))
-        return buffer
-
-    def _dataset(self, buffers: list[int]) -> int:
-        dataset = acl.mdl.create_dataset()
-        if not dataset:
-            raise BackendError("acl.mdl.create_dataset returned no dataset")
-        self._undo.push("destroy dataset", lambda: check(acl.mdl.destroy_dataset(dataset), "acl.mdl.destroy_dataset"))
-        for buffer in buffers:
-            checked(acl.mdl.add_dataset_buffer(dataset, buffer), "acl.mdl.add_dataset_buffer")
-        return dataset
+        self._input_datasets = [dataset(undo, buffers) for buffers in in_buffers]  # one per input set
+        self._output_datasets = [dataset(undo, buffers) for buffers in out_buffers]
 
     def _output_batch(self) -> int:
         return DYNAMIC if self._gears else self._model_batch
@@ -338,29 +313,17 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
             return shape[0] * 2 // 3, shape[1]
         return (shape[0], shape[1]) if self.aipp else (shape[1], shape[2])
 
-    # -- NV12 input: the card's DVPP fills it (decoder: dvpp) ----------------------------------
+    # -- NV12 input: the card's DVPP fills it (decoder: dvpp; see `ascend_nv12`) ---------------
     @property
     def nv12(self) -> bool:
-        """The .om's AIPP takes YUV420SP: its input sets are DVPP memory that the card's VPC
-        letterboxes decoded pictures into; nothing is copied in from the host."""
         return self._input is not None and self.aipp and len(self._input.item_shape) == 2
 
     def _model_spec(self) -> ModelSpec:
-        """An NV12 input is described as the RGB image AIPP makes of it (what the letterbox
-        geometry and the decoders work with); its memory is the card's (`device_inputs`)."""
         spec = super()._model_spec()
-        if not self.nv12:
-            return spec
-        h, w = self._imgsz()
-        image = dataclasses.replace(spec.inputs[0], shape=(self._capacity, h, w, 3))
-        return dataclasses.replace(spec, inputs=(image,))
+        return nv12.as_rgb(spec, self._capacity, *self._imgsz()) if self.nv12 else spec
 
     def _input_device_buffer(self, nbytes: int) -> int:
-        if not self.nv12:
-            return super()._input_device_buffer(nbytes)
-        ptr = checked(acl.media.dvpp_malloc(int(nbytes)), "acl.media.dvpp_malloc", f"{nbytes}-byte NV12 input")
-        self._undo.push("free DVPP memory", lambda: check(acl.media.dvpp_free(ptr), "acl.media.dvpp_free"))
-        return ptr
+        return nv12.dvpp_buffer(self._undo, nbytes) if self.nv12 else super()._input_device_buffer(nbytes)
 
     @property
     def device_inputs(self) -> list[tuple[int, int]] | None:
@@ -377,11 +340,7 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
 
     @property
     def warm_up_batches(self) -> tuple[int, ...]:
-        """One batch per gear (each gear's first run loads its own kernels): the gear itself, or
-        the capacity for the gear a full batch runs on; one frame for a fixed-batch model."""
-        if len(self._gears) <= 1:
-            return (1,)
-        return tuple(sorted({1} | {min(g, self._capacity) for g in self._gears}))
+        return warm_up_sizes(self._gears, self._capacity)
 
     @property
     def description(self) -> str:
@@ -401,18 +360,6 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
             dataset = self._input_datasets[self._input_set]
             check(acl.mdl.set_dynamic_batch_size(self._model_id, dataset, self._mbatch.index, gear),
                   "acl.mdl.set_dynamic_batch_size", f"batch {gear}")
-
-    def _fill_nv12(self, ptr: int, nbytes: int) -> None:
-        """Each frame slot is one NV12 picture (its luma plane, then its interleaved chroma),
-        filled with the letterbox grey (Y 114, UV 128: RGB 114 after the AIPP block). The card's
-        VPC redraws a slot's padding only when its geometry changes, and a reopened device may get
-        the same addresses back: fresh memory must already look like a padded canvas."""
-        item = self._image.item_bytes
-        luma = item * 2 // 3
-        for start in range(0, nbytes - item + 1, item):
-            check(acl.rt.memset(ptr + start, nbytes - start, 114, luma), "acl.rt.memset", "NV12 input, luma")
-            check(acl.rt.memset(ptr + start + luma, nbytes - start - luma, 128, item - luma), "acl.rt.memset",
-                  "NV12 input, chroma")
 
     def _copy_input(self, inp: Tensor, n: int, input_set: int) -> None:
         if self.nv12:  # already on the card: letterboxed there by VPC
@@ -525,6 +472,46 @@ def mbatch_index(desc: int) -> int | None:
     """Index of the batch-size input; pyACL answers a non-zero ret when the model has none."""
     index, ret = acl.mdl.get_input_index_by_name(desc, rt.ACL_DYNAMIC_TENSOR_NAME)
     return int(index) if ret == rt.ACL_SUCCESS else None
+
+
+def data_buffer(undo: UndoStack, tensor: Tensor, device_ptr: int) -> int:
+    """A data buffer wrapping `tensor`'s device memory at `device_ptr` (destroyed by `undo`)."""
+    buffer = acl.create_data_buffer(device_ptr, tensor.device_bytes)
+    if not buffer:
+        raise BackendError(f"acl.create_data_buffer returned no buffer for {tensor.name}")
+    undo.push("destroy data buffer", lambda: check(acl.destroy_data_buffer(buffer), "acl.destroy_data_buffer"))
+    return buffer
+
+
+def dataset(undo: UndoStack, buffers: list[int]) -> int:
+    """A dataset of `buffers`, in order (destroyed by `undo`)."""
+    handle = acl.mdl.create_dataset()
+    if not handle:
+        raise BackendError("acl.mdl.create_dataset returned no dataset")
+    undo.push("destroy dataset", lambda: check(acl.mdl.destroy_dataset(handle), "acl.mdl.destroy_dataset"))
+    for buffer in buffers:
+        checked(acl.mdl.add_dataset_buffer(handle, buffer), "acl.mdl.add_dataset_buffer")
+    return handle
+
+
+def plan_batches(gears: tuple[int, ...], model_batch: int, max_batch: int
+                 ) -> tuple[int, tuple[int, ...], list[int]]:
+    """(capacity, usable gears, gear for n frames). Capacity: `max_batch` frames, at most the
+    largest gear or the static batch. Each n <= capacity runs on the smallest gear >= n (5 frames
+    on gears 1/2/4/8 run as 8); a static model always runs its full batch, the slots beyond n
+    being padding."""
+    capacity = min(max_batch, model_batch)
+    usable = tuple(g for g in gears if g <= next(g for g in gears if g >= capacity)) if gears else ()
+    sizes = usable or (model_batch,)
+    return capacity, usable, [0] + [next(g for g in sizes if g >= n) for n in range(1, capacity + 1)]
+
+
+def warm_up_sizes(gears: tuple[int, ...], capacity: int) -> tuple[int, ...]:
+    """One batch per gear (each gear's first run loads its own kernels): the gear itself, or the
+    capacity for the gear a full batch runs on; one frame for a fixed-batch model."""
+    if len(gears) <= 1:
+        return (1,)
+    return tuple(sorted({1} | {min(g, capacity) for g in gears}))
 
 
 def image_tensor(model_path: str, desc: int, model_id: int | None, index: int, dims: list[int], name: str,
