@@ -50,6 +50,7 @@ format come from the `model:` section of the config.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 import math
 
 import acl
@@ -204,33 +205,12 @@ class AscendBackend(PinnedDeviceBackend[HostView]):
 
     # -- what the model wants ------------------------------------------------------------------
     def _describe(self, max_batch: int) -> None:
-        """Everything about the tensors comes from the model description: the batch gears, the
-        batch-size input, the image input (AIPP or not) and the outputs."""
-        desc = self._desc
-        gears = dynamic_gears(desc)
-        mbatch = mbatch_index(desc)
-        if gears and mbatch is None:
-            raise ModelError(f"{self.model_path}: dynamic batch gears {list(gears)} but no "
-                             f"{rt.ACL_DYNAMIC_TENSOR_NAME} input")
-        if mbatch is not None and not gears:
-            raise ModelError(f"{self.model_path}: dynamic image size / dynamic dims models are not supported; "
-                             f"convert with --input_shape fixed, or --dynamic_batch_size")
-        images = [i for i in range(acl.mdl.get_num_inputs(desc)) if i != mbatch]
-        if len(images) != 1:
-            raise ModelError(f"{self.model_path}: expected one image input, the model has {len(images)} "
-                             f"(dynamic AIPP models are not supported: use a static AIPP block)")
-        dims, name = tensor_dims(acl.mdl.get_input_dims(desc, images[0]), "acl.mdl.get_input_dims", "images")
-        self._model_batch = max(gears) if gears else dims[0]
-        if self._model_batch < 1:
-            raise ModelError(f"{self.model_path}: input batch {dims[0]} without dynamic batch gears")
-        self._plan_batches(gears, max_batch)
-        self._input, self.aipp = image_tensor(self.model_path, desc, self._model_id, images[0], dims, name,
-                                              self._model_batch)
-        if mbatch is not None:
-            size = acl.mdl.get_input_size_by_index(desc, mbatch)
-            self._mbatch = Tensor(rt.ACL_DYNAMIC_TENSOR_NAME, np.dtype(np.int64), (1,), size, size, mbatch)
-        self._outputs = [output_tensor(self.model_path, desc, i, self._model_batch)
-                         for i in range(acl.mdl.get_num_outputs(desc))]
+        """Everything about the tensors comes from the model description (`ModelTensors`)."""
+        tensors = ModelTensors.read(self.model_path, self._desc, self._model_id)
+        self._model_batch = tensors.model_batch
+        self._plan_batches(tensors.gears, max_batch)
+        self._input, self.aipp = tensors.image, tensors.aipp
+        self._mbatch, self._outputs = tensors.mbatch, tensors.outputs
 
     def _plan_batches(self, gears: tuple[int, ...], max_batch: int) -> None:
         self._capacity, self._gears, self._gear_for = plan_batches(gears, self._model_batch, max_batch)
@@ -472,6 +452,45 @@ def mbatch_index(desc: int) -> int | None:
     """Index of the batch-size input; pyACL answers a non-zero ret when the model has none."""
     index, ret = acl.mdl.get_input_index_by_name(desc, rt.ACL_DYNAMIC_TENSOR_NAME)
     return int(index) if ret == rt.ACL_SUCCESS else None
+
+
+@dataclass(frozen=True)
+class ModelTensors:
+    """What a loaded model's description says: its batch gears, the batch-size input, the image
+    input (AIPP or not) and the outputs."""
+
+    gears: tuple[int, ...]
+    model_batch: int  # the static batch, or the largest gear
+    image: Tensor
+    aipp: bool
+    mbatch: Tensor | None  # ascend_mbatch_shape_data, dynamic-batch models only
+    outputs: list[Tensor]
+
+    @classmethod
+    def read(cls, model_path: str, desc: int, model_id: int | None) -> ModelTensors:
+        gears = dynamic_gears(desc)
+        mbatch = mbatch_index(desc)
+        if gears and mbatch is None:
+            raise ModelError(f"{model_path}: dynamic batch gears {list(gears)} but no "
+                             f"{rt.ACL_DYNAMIC_TENSOR_NAME} input")
+        if mbatch is not None and not gears:
+            raise ModelError(f"{model_path}: dynamic image size / dynamic dims models are not supported; "
+                             f"convert with --input_shape fixed, or --dynamic_batch_size")
+        images = [i for i in range(acl.mdl.get_num_inputs(desc)) if i != mbatch]
+        if len(images) != 1:
+            raise ModelError(f"{model_path}: expected one image input, the model has {len(images)} "
+                             f"(dynamic AIPP models are not supported: use a static AIPP block)")
+        dims, name = tensor_dims(acl.mdl.get_input_dims(desc, images[0]), "acl.mdl.get_input_dims", "images")
+        model_batch = max(gears) if gears else dims[0]
+        if model_batch < 1:
+            raise ModelError(f"{model_path}: input batch {dims[0]} without dynamic batch gears")
+        image, aipp = image_tensor(model_path, desc, model_id, images[0], dims, name, model_batch)
+        batch_input = None
+        if mbatch is not None:
+            size = acl.mdl.get_input_size_by_index(desc, mbatch)
+            batch_input = Tensor(rt.ACL_DYNAMIC_TENSOR_NAME, np.dtype(np.int64), (1,), size, size, mbatch)
+        outputs = [output_tensor(model_path, desc, i, model_batch) for i in range(acl.mdl.get_num_outputs(desc))]
+        return cls(gears, model_batch, image, aipp, batch_input, outputs)
 
 
 def data_buffer(undo: UndoStack, tensor: Tensor, device_ptr: int) -> int:
