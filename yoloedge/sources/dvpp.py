@@ -46,7 +46,7 @@ class VideoDecoder(Protocol):
 
     @property
     def error(self) -> str | None:
-        """Why the last pictures failed to decode, if they did."""
+        """Why the last picture failed to decode, if one did (for logs; the stream goes on)."""
         ...
 
 
@@ -68,8 +68,9 @@ class MediaEngine(Protocol):
 
 
 class DvppSource(Source):
-    """rtsp:// cameras and video files decoded by the card (module docstring). A decode error the
-    card reports for a picture ends the connection (the reader reconnects with its backoff)."""
+    """rtsp:// cameras and video files decoded by the card (module docstring). A frame the card
+    cannot decode is counted (status' `decode_errors` of the card) and the stream goes on, as a
+    host decoder skips a broken frame."""
 
     def __init__(self, url: str, kind: SourceKind, engine: MediaEngine, *, loop: bool = False,
                  open_timeout_s: float = 10.0, read_timeout_s: float = 10.0, camera: str | None = None,
@@ -128,9 +129,6 @@ class DvppSource(Source):
                 if picture is not None:
                     self._held = picture
                     return True
-                if decoder.error:
-                    self.error = f"{self.description}: {decoder.error}"
-                    return False
                 self.eof = True  # the demuxer loops a file itself (`loop`), across which times add up
                 return False
             unit, self._pending = self._pending or demux.read(), None
