@@ -62,6 +62,9 @@ from .state import EXIT_ALREADY_RUNNING, EXIT_FAILURE, EXIT_OK, DaemonState, che
 from .status import DaemonStatus, collect, stats_message, status_line
 
 log = logging.getLogger(__name__)
+#: how long the stop waits at least, once post-processing stopped, for the devices to be released
+#: (each device waits for the output sets post-processing still held; acl.finalize comes last)
+CLOSE_WAIT_S = 2.0
 
 TICK_S = 0.1
 #: the line and zone totals live here under the service's state directory (`STATE_DIRECTORY`)
@@ -358,6 +361,8 @@ class Daemon:
             group.close_media()  # the cards' decoder channels and DVPP memory, before acl.finalize
         for group in self.groups.values():
             group.stop_post(max(0.5, deadline - time.monotonic()))
+        for group in self.groups.values():  # a device waits for post-processing to hand its outputs back
+            group.await_devices_closed(max(CLOSE_WAIT_S, deadline - time.monotonic()))
         self.tracking.end_all()  # every event ends, on MQTT while the client still runs
         publisher = self._current_publisher()
         if publisher is not None:

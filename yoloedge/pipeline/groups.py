@@ -283,6 +283,16 @@ class AcceleratorGroup:
             elif w.hung_calls:
                 log.warning("%s: %d abandoned device call(s) never returned", w.worker_name, w.hung_calls)
 
+    def await_devices_closed(self, timeout: float) -> None:
+        """After post-processing stopped: the workers that were still waiting for it to hand their
+        output sets back now release their devices; wait for that (bounded), so the process does
+        not end before a device is closed (and, on Ascend, before acl.finalize)."""
+        deadline = time.monotonic() + timeout
+        for w in self.workers:
+            w.join(max(0.0, deadline - time.monotonic()))
+            if w.is_alive():
+                log.error("%s: its device was not released within %.1f s of the stop", w.worker_name, timeout)
+
     def close_media(self) -> None:
         """Close the cards' media engines (every camera's decoder channel, then each card's DVPP
         memory, channel and report thread), after the readers, preparers and workers stopped."""
