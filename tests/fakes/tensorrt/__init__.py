@@ -173,12 +173,14 @@ def _emit(logger: ILogger, severity: ILogger.Severity, msg: str) -> None:
 def _track(obj: Any, kind: str) -> None:
     """Creation and destruction, for the teardown-order and nothing-left tests."""
     state = _state()
-    state.live[kind] += 1
-    state.events.append(f"create {kind}")
+    with state.lock:  # two GPUs' device threads create and destroy at once
+        state.live[kind] += 1
+        state.events.append(f"create {kind}")
 
     def gone(state=state) -> None:
-        state.live[kind] -= 1
-        state.events.append(f"destroy {kind}")
+        with state.lock:
+            state.live[kind] -= 1
+            state.events.append(f"destroy {kind}")
         if kind == "runtime":  # a daemon may leave through os._exit: report at each teardown
             _fake.write_report()
 

@@ -122,13 +122,20 @@ def report() -> dict:
                 "errors": [m for s, m in STATE.log if s in ("INTERNAL_ERROR", "ERROR")][:200]}
 
 
+#: one report at a time, taken and written under it: two GPUs' runtimes are destroyed on two
+#: device threads at once, and a report taken before the other's teardown must not be written
+#: after that one's (the file would then show the other GPU's objects as never released)
+_REPORT_LOCK = threading.Lock()
+
+
 def write_report() -> None:
     path = os.environ.get("YOLOEDGE_FAKE_TRT_REPORT")
     if path:
-        tmp = f"{path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(report(), f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        with _REPORT_LOCK:
+            tmp = f"{path}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(report(), f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
 
 
 atexit.register(write_report)
