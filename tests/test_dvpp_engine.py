@@ -1,5 +1,5 @@
 """The DVPP media engine: its pure arithmetic (no pyACL), then the engine against the fake
-`acl.media` in tests/fakes/acl (skipped where that fake has no media module)."""
+`acl.media` in tests/fakes/acl (on the shared test media: skipped without ../shared, an error in CI)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import SHARED
 from yoloedge.backends import dvpp_limits as lim
 from yoloedge.preprocess.letterbox import compute_geometry
 
@@ -147,9 +148,7 @@ def test_limits_module_imports_no_acl_and_no_opencv():
 
 # -- the engine against the fake acl.media ------------------------------------------------------------
 FAKES = Path(__file__).resolve().parent / "fakes"
-MEDIA = Path(__file__).resolve().parents[1] / ".." / "shared" / "testdata" / "media"
-if not MEDIA.is_dir():
-    MEDIA = Path("/work/shared/testdata/media")
+MEDIA = SHARED / "media"  # read by the tests that take `fake`, which needs the shared data
 CLIP = MEDIA / "street_people_720p.mp4"
 JPEG = MEDIA / "bus.jpg"
 CANVAS = (640, 640)
@@ -161,13 +160,11 @@ def _fake_acl():
     import acl
     if not hasattr(acl, "_fake"):
         pytest.skip("the real pyACL is imported in this process; these tests need the fake")
-    if not hasattr(acl, "media"):
-        pytest.skip("this checkout's fake pyACL has no acl.media")
     return acl
 
 
 @pytest.fixture
-def fake(monkeypatch):
+def fake(monkeypatch, shared):
     acl = _fake_acl()
     from acl import _fake
     from yoloedge.backends import acl_runtime
