@@ -1,11 +1,29 @@
-"""Helpers the tests of the device backends share: a call on a thread of its own (as a device
-worker makes it), and a `.om` for the strict fake pyACL (tests/fakes/acl)."""
+"""Helpers the tests of the device backends share: the strict fake pyACL (tests/fakes/acl) as
+`acl`, a call on a thread of its own (as a device worker makes it), and a `.om` for the fake."""
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+FAKES = Path(__file__).resolve().parent / "fakes"
+
+
+def fake_acl() -> ModuleType:
+    """`import acl` with tests/fakes first on sys.path: the fake. Called at a test module's import;
+    the module is skipped where the real pyACL was imported first (an Atlas machine's run)."""
+    if str(FAKES) not in sys.path:
+        sys.path.insert(0, str(FAKES))
+    import acl
+    if not hasattr(acl, "_fake"):
+        pytest.skip("the real pyACL is already imported in this process; these tests need the fake",
+                    allow_module_level=True)
+    return acl
 
 
 def in_thread(fn, *args, timeout: float = 120.0):

@@ -20,20 +20,13 @@ import cv2
 import numpy as np
 import pytest
 
-FAKES = Path(__file__).resolve().parent / "fakes"
-if str(FAKES) not in sys.path:
-    sys.path.insert(0, str(FAKES))
+from device_helpers import fake_acl, in_thread, make_om
 
-import acl  # noqa: E402  (the fake: tests/fakes is first on sys.path)
-
-if not hasattr(acl, "_fake"):
-    pytest.skip("the real pyACL is already imported in this process; these tests need the fake",
-                allow_module_level=True)
+acl = fake_acl()  # the strict fake (tests/fakes/acl)
 pytest.importorskip("onnx")
 
 from acl import _fake  # noqa: E402
 from onnx_models import expected_scores, make_dynamic_batch_v8_model, make_fixed_batch_v8_model  # noqa: E402
-from device_helpers import in_thread, make_om  # noqa: E402
 from parity import mismatches, without_track_ids  # noqa: E402
 from yoloedge.backends import acl_runtime, backend_config_for, create_backend  # noqa: E402
 from yoloedge.backends import npu_smi as npu_smi_module  # noqa: E402

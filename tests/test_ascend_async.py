@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,19 +19,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-FAKES = Path(__file__).resolve().parent / "fakes"
-if str(FAKES) not in sys.path:
-    sys.path.insert(0, str(FAKES))
+from device_helpers import fake_acl, make_om
 
-import acl  # noqa: E402  (the fake: tests/fakes is first on sys.path)
-
-if not hasattr(acl, "_fake"):
-    pytest.skip("the real pyACL is already imported in this process; these tests need the fake",
-                allow_module_level=True)
+acl = fake_acl()  # the strict fake (tests/fakes/acl)
 pytest.importorskip("onnx")
 
 from acl import _fake  # noqa: E402
-from device_helpers import make_om  # noqa: E402
 from onnx_models import expected_scores, make_dynamic_batch_v8_model  # noqa: E402
 from yoloedge.backends import acl_runtime  # noqa: E402
 from yoloedge.backends.acl_observe import model_soc

@@ -8,24 +8,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import av
 import numpy as np
 import pytest
 
 from conftest import REPO
+from device_helpers import fake_acl as import_fake_acl
 from device_helpers import make_om
 
-FAKES = Path(__file__).resolve().parent / "fakes"
-if str(FAKES) not in sys.path:
-    sys.path.insert(0, str(FAKES))
-
-import acl  # noqa: E402  (the fake: tests/fakes is first on sys.path)
-
-if not hasattr(acl, "_fake"):
-    pytest.skip("the real pyACL is already imported in this process; these tests need the fake",
-                allow_module_level=True)
+acl = import_fake_acl()  # the strict fake (tests/fakes/acl)
 
 pytestmark = pytest.mark.shared
 
@@ -181,7 +173,7 @@ def test_the_config_refuses_dvpp_where_it_cannot_work(tmp_path, url, backend, pr
     (tmp_path / "m.onnx").write_bytes(b"x")
     with pytest.raises(ConfigError) as caught:
         load_config(str(path), {})
-    assert problem in str(caught.value) and f"c.yaml:9: cameras[0].decoder" in str(caught.value), str(caught.value)
+    assert problem in str(caught.value) and "c.yaml:9: cameras[0].decoder" in str(caught.value), str(caught.value)
 
 
 def test_check_notes_cameras_over_a_cards_channels_and_budget(tmp_path):
@@ -190,8 +182,8 @@ def test_check_notes_cameras_over_a_cards_channels_and_budget(tmp_path):
     cameras = "".join(f"  - name: c{i}\n    url: rtsp://cam{i}/s\n    decoder: dvpp\n" for i in range(20))
     path = tmp_path / "c.yaml"
     (tmp_path / "m.om").write_bytes(b"x")
-    path.write_text(f"device_id: edge1\nmodel:\n  path: {tmp_path / 'm.om'}\n  input: aipp\naccelerators:\n  - backend: ascend\n"
-                    f"    devices: [0]\ncameras:\n{cameras}")
+    path.write_text(f"device_id: edge1\nmodel:\n  path: {tmp_path / 'm.om'}\n  input: aipp\n"
+                    f"accelerators:\n  - backend: ascend\n    devices: [0]\ncameras:\n{cameras}")
     notes = dvpp_notes(load_config(str(path), {}))
     assert any("Ascend310:" not in n and "on an Ascend310," in n and "20 cameras a card" in n for n in notes), notes
     assert not any("Ascend310P3" in n for n in notes), notes  # 20 x 30 fps fits a 310P's 256 channels and budget

@@ -201,7 +201,7 @@ class Batcher:
                 found = self._next_frame()
                 if found is not None:
                     frame, buffer = found
-                    if self._down and buffer.owner not in self._pinned_owners(frame.camera):
+                    if self._down and self._queues[frame.camera].device is None:  # pinned: never moved
                         self._count_rebalanced(frame.camera, buffer)
                     return frame, buffer, self._claim(buffer), self._clock()
                 if waited:
@@ -237,11 +237,6 @@ class Batcher:
                 self._next = (self._next + k + 1) % n
                 return frame, buffer
         return None
-
-    def _pinned_owners(self, camera: str) -> set[str]:
-        queue = self._queues.get(camera)
-        device = None if queue is None else queue.device
-        return {o for o, d in self._device_of.items() if d == device} if device is not None else set()
 
     def _buffer_for(self, device: str | None) -> BatchBuffer | None:
         """An open buffer for a frame (of any device, or of `device` for a pinned camera), else
